@@ -1,0 +1,59 @@
+"""Entry encoding on kg streams: many records per XADD.
+
+An entry has two fields: `m`, a msgpack header [records, watermark, runs], and
+`d`, the records as one Arrow IPC stream (absent in a heartbeat). `runs` are the
+producer's key groups (inclusive ranges) that the watermark speaks for.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import msgpack
+import pyarrow as pa
+
+
+class DecodeError(ValueError):
+    """An entry that is not a well-formed StreamJobs entry."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    records: int
+    watermark: int
+    runs: tuple[tuple[int, int], ...]
+    table: pa.Table | None
+
+
+def encode(table: pa.Table | None, watermark: int, runs: list[tuple[int, int]]) -> dict[bytes, bytes]:
+    fields = {b"m": msgpack.packb([0 if table is None else table.num_rows, watermark, runs])}
+    if table is not None:
+        fields[b"d"] = encode_table(table)
+    return fields
+
+
+def decode(fields: dict[bytes, bytes]) -> Entry:
+    try:
+        records, watermark, runs = msgpack.unpackb(fields[b"m"], use_list=False)
+        table = decode_table(fields[b"d"]) if b"d" in fields else None
+        if not (isinstance(records, int) and isinstance(watermark, int)):
+            raise DecodeError("header fields must be integers")
+        return Entry(records, watermark, tuple((int(lo), int(hi)) for lo, hi in runs), table)
+    except DecodeError:
+        raise
+    except Exception as exc:  # any malformed input is one kind of error to the caller
+        raise DecodeError(f"undecodable entry: {exc}") from exc
+
+
+def encode_table(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def decode_table(data: bytes) -> pa.Table:
+    try:
+        return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+    except Exception as exc:
+        raise DecodeError(f"undecodable Arrow payload: {exc}") from exc

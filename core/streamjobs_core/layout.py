@@ -1,0 +1,82 @@
+"""Redis key layout of a job.
+
+Every key of a job carries the hash tag `{<job>}`, so a job lives in one Redis
+Cluster slot (one MULTI/EXEC can cover all of its keys) and many jobs spread
+over a cluster.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class JobKeys:
+    job: str
+
+    @property
+    def prefix(self) -> str:
+        return f"sj:{{{self.job}}}"
+
+    @property
+    def plan(self) -> str:
+        return f"{self.prefix}:plan"
+
+    @property
+    def control(self) -> str:
+        return f"{self.prefix}:ctl"
+
+    @property
+    def metrics_endpoints(self) -> str:
+        return f"{self.prefix}:metrics"
+
+    @property
+    def latency_samples(self) -> str:
+        return f"{self.prefix}:latency"
+
+    @property
+    def dead_letter(self) -> str:
+        return f"{self.prefix}:dlq"
+
+    def assignment(self, op: str) -> str:
+        return f"{self.prefix}:assign:{op}"
+
+    def incarnation(self, op: str, instance: int) -> str:
+        return f"{self.prefix}:inc:{op}:{instance}"
+
+    def kg_stream(self, upstream: str, downstream: str, kg: int) -> str:
+        return f"{self.prefix}:kg:{upstream}>{downstream}:{kg}"
+
+    def produced(self, upstream: str, downstream: str) -> str:
+        return f"{self.prefix}:produced:{upstream}>{downstream}"
+
+    def consumed(self, upstream: str, downstream: str) -> str:
+        return f"{self.prefix}:consumed:{upstream}>{downstream}"
+
+    def offsets(self, op: str) -> str:
+        return f"{self.prefix}:off:{op}"
+
+    def watermarks(self, op: str) -> str:
+        return f"{self.prefix}:wm:{op}"
+
+    def changelog(self, op: str, kg: int) -> str:
+        return f"{self.prefix}:cl:{op}:{kg}"
+
+    def snapshot(self, op: str, kg: int) -> str:
+        return f"{self.prefix}:snap:{op}:{kg}"
+
+    def done(self, op: str) -> str:
+        return f"{self.prefix}:done:{op}"
+
+    def input_stream(self, source: str, partition: int) -> str:
+        return f"{self.prefix}:in:{source}:{partition}"
+
+    def output_stream(self, sink: str) -> str:
+        return f"{self.prefix}:out:{sink}"
+
+    def manifest(self, sink: str) -> str:
+        return f"{self.prefix}:manifest:{sink}"
+
+    @property
+    def pattern(self) -> str:
+        return f"{self.prefix}:*"

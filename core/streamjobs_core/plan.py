@@ -1,0 +1,58 @@
+"""The deployed form of a job: its spec, start time and the graph facts workers need."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from .keygroups import Assignment
+from .layout import JobKeys
+from .spec import StreamJob
+
+@dataclass(frozen=True)
+class Edge:
+    upstream: str
+    downstream: str
+    key_by: str | None  # the downstream's routing column; None spreads records evenly
+
+@dataclass(frozen=True)
+class JobPlan:
+    job: StreamJob
+    t0_ms: int  # event-time origin of the generator sources
+
+    @property
+    def name(self) -> str:
+        return self.job.metadata.name
+
+    @property
+    def spec(self):
+        return self.job.spec
+
+    @property
+    def keys(self) -> JobKeys:
+        return JobKeys(self.name)
+
+    def key_groups(self, op: str) -> int:
+        """Units of ownership of an operator: source partitions for sources, else maxParallelism."""
+        operator = self.spec.operator(op)
+        if operator in self.spec.sources:
+            return getattr(operator, "partitions", None) or self.spec.max_parallelism
+        return self.spec.max_parallelism
+
+    def edges_in(self, op: str) -> tuple[Edge, ...]:
+        operator = self.spec.operator(op)
+        return tuple(Edge(up, op, getattr(operator, "key_by", None)) for up in getattr(operator, "inputs", ()))
+
+    def edges_out(self, op: str) -> tuple[Edge, ...]:
+        return tuple(Edge(op, c.name, getattr(c, "key_by", None)) for c in self.spec.consumers(op))
+
+    def initial_assignment(self, op: str) -> Assignment:
+        return Assignment.ranges(self.spec.operator(op).parallelism, self.key_groups(op))
+
+    def to_json(self) -> str:
+        return json.dumps({"job": self.job.model_dump(mode="json", by_alias=True), "t0_ms": self.t0_ms})
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> JobPlan:
+        data = json.loads(text)
+        return cls(StreamJob.model_validate(data["job"]), int(data["t0_ms"]))

@@ -1,0 +1,428 @@
+"""The StreamJob spec model: the single source of truth for a job.
+
+The same document is read by `streamjobs run` and, as a custom resource, by the
+Kubernetes operator; the CRD schema in crds/ is generated from these classes.
+Field names are camelCase, as Kubernetes users expect them in YAML.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+from pydantic_core import PydanticCustomError
+
+API_GROUP = "streamjobs.dev"
+API_VERSION = f"{API_GROUP}/v1alpha1"
+KIND = "StreamJob"
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_FUNCTION_REF = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        frozen=True,
+        extra="forbid",
+        alias_generator=to_camel,
+        populate_by_name=True,
+    )
+
+
+def _dns_label(value: str) -> str:
+    if len(value) > 40 or not _DNS_LABEL.match(value):
+        raise ValueError("must be a lowercase DNS label of at most 40 characters ([a-z0-9-])")
+    return value
+
+
+def _function_ref(value: str) -> str:
+    if not _FUNCTION_REF.match(value):
+        raise ValueError("must name an importable function as 'package.module:function'")
+    return value
+
+
+# --- load profiles ---------------------------------------------------------
+
+
+class RateStep(_Model):
+    at_s: float = Field(ge=0, description="Seconds after the job start at which this rate begins.")
+    records_per_second: float = Field(gt=0)
+
+
+class RateProfile(_Model):
+    """Offered load of a generator source, in records per second (all partitions)."""
+
+    profile: Literal["constant", "steps", "sine", "spike"] = "constant"
+    records_per_second: float = Field(
+        1000.0, gt=0, description="Constant rate; the initial rate (steps); the mean (sine); the base (spike)."
+    )
+    steps: tuple[RateStep, ...] = Field((), description="For profile=steps: rate changes, in time order.")
+    amplitude: float = Field(0.0, ge=0, description="For profile=sine: records/s above and below the mean.")
+    period_s: float = Field(60.0, gt=0, description="For profile=sine: period of the wave.")
+    spike_records_per_second: float = Field(0.0, ge=0, description="For profile=spike: rate during the spike.")
+    spike_at_s: float = Field(0.0, ge=0)
+    spike_duration_s: float = Field(0.0, ge=0)
+
+    @model_validator(mode="after")
+    def _check_profile(self) -> RateProfile:
+        if self.profile == "steps":
+            if not self.steps:
+                raise ValueError("profile 'steps' needs at least one entry in steps")
+            times = [step.at_s for step in self.steps]
+            if times != sorted(times):
+                raise ValueError("steps must be in increasing atS order")
+        if self.profile == "sine" and self.amplitude > self.records_per_second:
+            raise ValueError("amplitude may not exceed recordsPerSecond (the rate would go negative)")
+        if self.profile == "spike" and (self.spike_records_per_second <= 0 or self.spike_duration_s <= 0):
+            raise ValueError("profile 'spike' needs spikeRecordsPerSecond > 0 and spikeDurationS > 0")
+        return self
+
+
+# --- sources ---------------------------------------------------------------
+
+
+class _Operator(_Model):
+    name: str = Field(description="Unique operator name (DNS label).")
+    parallelism: int = Field(1, ge=1, description="Number of instances.")
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, value: str) -> str:
+        return _dns_label(value)
+
+
+class _GeneratorSource(_Operator):
+    seed: int = 42
+    rate: RateProfile = RateProfile()
+    out_of_order_ms: int = Field(
+        0, ge=0, le=60_000, description="Event times lag emission by up to this bound; also the watermark delay."
+    )
+    total_records: int | None = Field(None, ge=1, description="Stop after this many records (all partitions).")
+
+
+class NexmarkSource(_GeneratorSource):
+    """Deterministic NEXMark events: persons, auctions and bids in the 1:3:46 proportions."""
+
+    type: Literal["nexmark"]
+    hot_auction_ratio: float = Field(0.5, ge=0, le=1, description="Share of bids that go to a few hot auctions.")
+    active_auctions: int = Field(1000, ge=1, description="Bids pick among this many most recent auctions.")
+
+
+class ZipfSource(_GeneratorSource):
+    """Deterministic skewed words: column `word`, ranks drawn from a Zipf law."""
+
+    type: Literal["zipf"]
+    vocabulary: int = Field(1000, ge=1)
+    exponent: float = Field(1.1, gt=0)
+
+
+class RedisStreamSource(_Operator):
+    """Records that external producers XADD to `sj:{job}:in:<name>:<partition>`."""
+
+    type: Literal["redis_stream"]
+    partitions: int = Field(1, ge=1, le=4096, description="Number of input streams producers spread over.")
+    event_time_field: str | None = Field(None, description="Field holding event time in ms; default ingest time.")
+    out_of_order_ms: int = Field(0, ge=0, le=60_000)
+
+
+Source = Annotated[Union[NexmarkSource, ZipfSource, RedisStreamSource], Field(discriminator="type")]
+
+
+# --- stages ----------------------------------------------------------------
+
+
+class _Stage(_Operator):
+    inputs: tuple[str, ...] = Field(min_length=1, description="Names of upstream sources or stages.")
+    key_by: str | None = Field(None, description="Column whose value routes a record to its key group.")
+    simulated_cost_us: float = Field(
+        0.0, ge=0, description="Sleep this long per record (capacity experiments on few cores)."
+    )
+    on_error: Literal["dead_letter", "fail"] = "dead_letter"
+
+
+class SqlStage(_Stage):
+    """A Spark SQL SELECT over the micro-batch, visible as view `input` (and as each input's name)."""
+
+    type: Literal["sql"]
+    query: str = Field(min_length=1)
+
+    @field_validator("query")
+    @classmethod
+    def _select_only(cls, value: str) -> str:
+        if not value.lstrip().lower().startswith(("select", "with")):
+            raise ValueError("must be a SELECT (or WITH ... SELECT) query")
+        return value
+
+
+class PySparkStage(_Stage):
+    """A user function DataFrame -> DataFrame from a module importable in the worker image."""
+
+    type: Literal["pyspark"]
+    function: str
+
+    @field_validator("function")
+    @classmethod
+    def _check_function(cls, value: str) -> str:
+        return _function_ref(value)
+
+
+class Aggregation(_Model):
+    function: Literal["count", "sum", "avg", "min", "max"]
+    column: str | None = Field(None, description="Input column; not used by count.")
+    as_: str = Field(alias="as", description="Output column name.")
+
+    @model_validator(mode="after")
+    def _column_needed(self) -> Aggregation:
+        if self.function != "count" and not self.column:
+            raise ValueError(f"aggregation '{self.function}' needs a column")
+        if not _IDENTIFIER.match(self.as_):
+            raise ValueError("'as' must be an identifier")
+        return self
+
+
+class Window(_Model):
+    type: Literal["tumbling", "sliding"] = "tumbling"
+    size_ms: int = Field(ge=1)
+    slide_ms: int | None = Field(None, ge=1, description="For sliding windows; must divide sizeMs.")
+
+    @model_validator(mode="after")
+    def _slide(self) -> Window:
+        if self.type == "sliding":
+            if self.slide_ms is None:
+                raise ValueError("a sliding window needs slideMs")
+            if self.size_ms % self.slide_ms:
+                raise ValueError("slideMs must divide sizeMs")
+        elif self.slide_ms is not None:
+            raise ValueError("slideMs is only for sliding windows")
+        return self
+
+    @property
+    def step_ms(self) -> int:
+        return self.slide_ms or self.size_ms
+
+
+class WindowAggregateStage(_Stage):
+    """Keyed event-time windows; a window fires once its end plus the allowed lateness is under the watermark."""
+
+    type: Literal["window_aggregate"]
+    window: Window
+    aggregations: tuple[Aggregation, ...] = Field(min_length=1)
+    allowed_lateness_ms: int = Field(0, ge=0)
+
+
+class StatefulStage(_Stage):
+    """A user function over the batch and the state of its keys, returning output and new state."""
+
+    type: Literal["stateful"]
+    function: str
+    state_schema: str = Field(min_length=1, description="Spark DDL of the state columns, e.g. 'seen long'.")
+
+    @field_validator("function")
+    @classmethod
+    def _check_function(cls, value: str) -> str:
+        return _function_ref(value)
+
+
+Stage = Annotated[
+    Union[SqlStage, PySparkStage, WindowAggregateStage, StatefulStage], Field(discriminator="type")
+]
+
+
+# --- sinks -----------------------------------------------------------------
+
+
+class _Sink(_Operator):
+    inputs: tuple[str, ...] = Field(min_length=1)
+
+
+class RedisStreamSink(_Sink):
+    """Committed output in `sj:{job}:out:<name>`; written in the same transaction as the input offsets."""
+
+    type: Literal["redis_stream"]
+    max_length: int | None = Field(None, ge=1, description="Approximate cap on the output stream length.")
+
+
+class ParquetSink(_Sink):
+    """Parquet files written by Spark; a Redis manifest lists the committed ones."""
+
+    type: Literal["parquet"]
+    path: str = Field(min_length=1)
+
+
+class ConsoleSink(_Sink):
+    type: Literal["console"]
+
+
+Sink = Annotated[Union[RedisStreamSink, ParquetSink, ConsoleSink], Field(discriminator="type")]
+
+
+# --- job-wide settings -----------------------------------------------------
+
+
+class StateSettings(_Model):
+    backend: Literal["memory", "rocksdb"] = "memory"
+    snapshot_every_batches: int = Field(50, ge=1, description="Snapshot a changed key group this often.")
+    directory: str | None = Field(None, description="Local directory of the rocksdb backend.")
+
+
+class BatchingSettings(_Model):
+    min_records: int = Field(1, ge=1, description="Smallest batch under no load.")
+    max_records: int = Field(200_000, ge=1, description="Largest batch under backlog.")
+    max_wait_ms: int = Field(100, ge=0, description="How long an idle instance waits for input.")
+    target_batch_ms: int = Field(
+        1000, ge=50, description="Batch duration the adaptive sizing aims for under backlog."
+    )
+
+    @model_validator(mode="after")
+    def _bounds(self) -> BatchingSettings:
+        if self.min_records > self.max_records:
+            raise ValueError("minRecords may not exceed maxRecords")
+        return self
+
+
+class AutoscalerSettings(_Model):
+    policy: Literal["ds2", "reactive", "off"] = "off"
+    target_utilization: float = Field(0.7, gt=0, le=1)
+    catch_up_seconds: float = Field(60.0, gt=0)
+    stabilization_s: float = Field(30.0, ge=0)
+    scale_down_delay_s: float = Field(120.0, ge=0)
+    max_scale_factor: float = Field(4.0, ge=1)
+    min_parallelism: int = Field(1, ge=1)
+    max_parallelism: int | None = Field(None, ge=1)
+    interval_s: float = Field(10.0, gt=0)
+
+
+class RescaleSettings(_Model):
+    strategy: Literal["all_at_once", "fluid", "batched", "restart"] = "batched"
+    batch_key_groups: int = Field(8, ge=1, description="Key groups per handover step of the batched strategy.")
+    assignment: Literal["ranges", "consistent_hashing"] = "ranges"
+
+
+class RedisSettings(_Model):
+    url: str | None = Field(None, description="redis:// or rediss:// URL; default: the runtime's own Redis.")
+    password_secret: str | None = Field(None, description="Kubernetes Secret holding key 'password'.")
+    cluster: bool = False
+
+
+class StreamJobSpec(_Model):
+    max_parallelism: int = Field(
+        120, ge=1, le=32768, description="Number of key groups; 120 splits evenly for 1-6, 8, 10, 12, ... instances."
+    )
+    sources: tuple[Source, ...] = Field(min_length=1)
+    stages: tuple[Stage, ...] = ()
+    sinks: tuple[Sink, ...] = Field(min_length=1)
+    state: StateSettings = StateSettings()
+    batching: BatchingSettings = BatchingSettings()
+    autoscaler: AutoscalerSettings = AutoscalerSettings()
+    rescale: RescaleSettings = RescaleSettings()
+    redis: RedisSettings = RedisSettings()
+    suspend: bool = False
+
+    @model_validator(mode="after")
+    def _check_graph(self) -> StreamJobSpec:
+        errors = graph_errors(self)
+        if errors:
+            raise PydanticCustomError("graph", "{summary}", {"summary": "; ".join(m for _, m in errors), "errors": errors})
+        return self
+
+    @property
+    def operators(self) -> tuple[Any, ...]:
+        return (*self.sources, *self.stages, *self.sinks)
+
+    def operator(self, name: str) -> Any:
+        for op in self.operators:
+            if op.name == name:
+                return op
+        raise KeyError(name)
+
+    def consumers(self, name: str) -> tuple[Any, ...]:
+        return tuple(op for op in (*self.stages, *self.sinks) if name in op.inputs)
+
+    def topological_order(self) -> tuple[str, ...]:
+        order: list[str] = []
+        placed: set[str] = set()
+        pending = list(self.operators)
+        while pending:
+            ready = [op for op in pending if set(getattr(op, "inputs", ())) <= placed]
+            order.extend(op.name for op in ready)
+            placed.update(op.name for op in ready)
+            pending = [op for op in pending if op.name not in placed]
+        return tuple(order)
+
+
+class Metadata(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="allow")
+    name: str
+    namespace: str | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, value: str) -> str:
+        return _dns_label(value)
+
+
+class StreamJob(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+    api_version: Literal["streamjobs.dev/v1alpha1"] = Field(API_VERSION, alias="apiVersion")
+    kind: Literal["StreamJob"] = KIND
+    metadata: Metadata
+    spec: StreamJobSpec
+
+
+def graph_errors(spec: StreamJobSpec) -> list[tuple[str, str]]:
+    """Cross-field rules of the dataflow graph, each with the path of the field at fault."""
+    errors: list[tuple[str, str]] = []
+    seen: dict[str, str] = {}
+    groups = (("sources", spec.sources), ("stages", spec.stages), ("sinks", spec.sinks))
+    for group, ops in groups:
+        for i, op in enumerate(ops):
+            path = f"spec.{group}[{i}]"
+            if op.name in seen:
+                errors.append((f"{path}.name", f"duplicate operator name '{op.name}' (also {seen[op.name]})"))
+            seen.setdefault(op.name, path)
+            if op.parallelism > spec.max_parallelism:
+                errors.append(
+                    (f"{path}.parallelism", f"{op.parallelism} exceeds maxParallelism {spec.max_parallelism}")
+                )
+    sink_names = {s.name for s in spec.sinks}
+    for group, ops in groups[1:]:
+        for i, op in enumerate(ops):
+            for j, upstream in enumerate(op.inputs):
+                path = f"spec.{group}[{i}].inputs[{j}]"
+                if upstream not in seen:
+                    errors.append((path, f"unknown operator '{upstream}'"))
+                elif upstream in sink_names:
+                    errors.append((path, f"'{upstream}' is a sink and has no output"))
+                elif upstream == op.name:
+                    errors.append((path, "an operator cannot read its own output"))
+            if len(set(op.inputs)) != len(op.inputs):
+                errors.append((f"spec.{group}[{i}].inputs", "lists an input twice"))
+    for i, stage in enumerate(spec.stages):
+        if stage.type in ("window_aggregate", "stateful") and not stage.key_by:
+            errors.append((f"spec.stages[{i}].keyBy", f"a {stage.type} stage needs keyBy"))
+    if not errors:
+        errors.extend(_cycle_errors(spec))
+    consumed = {name for op in (*spec.stages, *spec.sinks) for name in op.inputs}
+    for group, ops in groups[:2]:
+        for i, op in enumerate(ops):
+            if op.name not in consumed:
+                errors.append((f"spec.{group}[{i}].name", f"output of '{op.name}' reaches no sink"))
+    return errors
+
+
+def _cycle_errors(spec: StreamJobSpec) -> list[tuple[str, str]]:
+    inputs = {op.name: set(getattr(op, "inputs", ())) for op in spec.operators}
+    placed: set[str] = set()
+    while True:
+        ready = {name for name, ins in inputs.items() if name not in placed and ins <= placed}
+        if not ready:
+            break
+        placed |= ready
+    cyclic = sorted(set(inputs) - placed)
+    if not cyclic:
+        return []
+    return [("spec.stages", f"the graph has a cycle through {', '.join(cyclic)}")]
+
