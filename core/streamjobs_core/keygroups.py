@@ -18,9 +18,23 @@ import pyarrow as pa
 def key_groups_of(keys: pa.Array | pa.ChunkedArray | np.ndarray, max_parallelism: int) -> np.ndarray:
     """Key group of every key; stable across processes (unlike Python's salted hash())."""
     if isinstance(keys, (pa.Array, pa.ChunkedArray)):
+        if keys.null_count and (pa.types.is_integer(keys.type) or pa.types.is_boolean(keys.type)):
+            # to_numpy would turn these into float or object arrays, which hash differently:
+            # a key's group must not depend on whether its batch holds a null key.
+            groups = key_groups_of(keys.fill_null(False if pa.types.is_boolean(keys.type) else 0), max_parallelism)
+            groups[keys.is_null().to_numpy(zero_copy_only=False)] = _null_key_group(max_parallelism)
+            return groups
         keys = keys.to_numpy(zero_copy_only=False)
-    hashes = pd.util.hash_array(np.asarray(keys), categorize=False)
+    keys = np.asarray(keys)
+    if keys.dtype.kind == "U":  # pandas hashes str objects, not fixed-width numpy strings
+        keys = keys.astype(object)
+    hashes = pd.util.hash_array(keys, categorize=False)
     return (hashes % np.uint64(max_parallelism)).astype(np.int64)
+
+
+def _null_key_group(max_parallelism: int) -> int:
+    """Where null keys go: where None goes in a string (object) column."""
+    return int(key_groups_of(np.array([None], dtype=object), max_parallelism)[0])
 
 
 def range_of_instance(instance: int, parallelism: int, max_parallelism: int) -> range:
@@ -51,13 +65,6 @@ class Assignment:
 
     def key_groups_of(self, instance: int) -> tuple[int, ...]:
         return tuple(kg for kg, owner in enumerate(self.owners) if owner == instance)
-
-    def to_dict(self) -> dict:
-        return {"epoch": self.epoch, "owners": list(self.owners)}
-
-    @classmethod
-    def from_dict(cls, data: dict) -> Assignment:
-        return cls(int(data["epoch"]), tuple(int(o) for o in data["owners"]))
 
 
 def runs(key_groups: tuple[int, ...] | list[int]) -> list[tuple[int, int]]:

@@ -56,3 +56,14 @@ class JobPlan:
     def from_json(cls, text: str | bytes) -> JobPlan:
         data = json.loads(text)
         return cls(StreamJob.model_validate(data["job"]), int(data["t0_ms"]))
+
+
+def write_assignment(r, keys: JobKeys, op: str, assignment: Assignment) -> None:
+    r.hset(keys.assignment(op), mapping={"epoch": assignment.epoch, "owners": json.dumps(list(assignment.owners))})
+
+
+def read_assignment(r, keys: JobKeys, op: str) -> Assignment | None:
+    data = r.hgetall(keys.assignment(op))
+    if not data:
+        return None
+    return Assignment(int(data[b"epoch"]), tuple(json.loads(data[b"owners"])))

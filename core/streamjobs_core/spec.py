@@ -140,7 +140,7 @@ class _Stage(_Operator):
     simulated_cost_us: float = Field(
         0.0, ge=0, description="Sleep this long per record (capacity experiments on few cores)."
     )
-    on_error: Literal["dead_letter", "fail"] = "dead_letter"
+    where: str | None = Field(None, description="Spark SQL predicate; only matching input records reach the stage.")
 
 
 class SqlStage(_Stage):
@@ -211,6 +211,15 @@ class WindowAggregateStage(_Stage):
     window: Window
     aggregations: tuple[Aggregation, ...] = Field(min_length=1)
     allowed_lateness_ms: int = Field(0, ge=0)
+
+    @model_validator(mode="after")
+    def _distinct_output_columns(self) -> WindowAggregateStage:
+        names = [self.key_by, "window_start", "window_end", "event_time", *(a.as_ for a in self.aggregations)]
+        clashes = sorted({n for n in names if n is not None and names.count(n) > 1})
+        if clashes:
+            raise ValueError(f"output columns clash: {', '.join(clashes)} (keyBy, window_start, window_end, "
+                             "event_time and each aggregation's 'as' must differ)")
+        return self
 
 
 class StatefulStage(_Stage):

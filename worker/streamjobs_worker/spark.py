@@ -5,15 +5,17 @@ from __future__ import annotations
 import functools
 import os
 
+import pyarrow as pa
+
 from pyspark.sql import SparkSession
 
 
 @functools.cache
-def session() -> SparkSession:
+def session(master: str | None = None, memory: str | None = None) -> SparkSession:
     # Small local sessions: many workers share few cores, and batches are small
     # enough that one shuffle partition beats Spark's default of 200.
     spark = (
-        SparkSession.builder.master(os.environ.get("STREAMJOBS_SPARK_MASTER", "local[1]"))
+        SparkSession.builder.master(master or os.environ.get("STREAMJOBS_SPARK_MASTER", "local[1]"))
         .appName("streamjobs-worker")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
@@ -21,9 +23,17 @@ def session() -> SparkSession:
         .config("spark.sql.adaptive.enabled", "false")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.driver.memory", os.environ.get("STREAMJOBS_SPARK_MEMORY", "1g"))
+        .config("spark.driver.memory", memory or os.environ.get("STREAMJOBS_SPARK_MEMORY", "1g"))
         .config("spark.driver.extraJavaOptions", "-XX:+UseSerialGC -XX:TieredStopAtLevel=1")
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
+    _warm_up(spark)
     return spark
+
+
+def _warm_up(spark: SparkSession) -> None:
+    # The first Arrow round trip and aggregation take seconds (class loading,
+    # JIT); pay that before the worker reports ready, not on the first batch.
+    table = pa.table({"k": ["a", "b", "a"], "v": [1, 2, 3]})
+    spark.createDataFrame(table).groupBy("k").sum("v").toArrow()

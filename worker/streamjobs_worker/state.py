@@ -67,10 +67,3 @@ class KeyGroupStore:
 
     def load(self, kg: int, items: Iterable[tuple[Hashable, Any]]) -> None:
         self._data[kg] = dict(items)
-
-    def size_bytes(self) -> int:
-        """Approximate serialized size, for the state-bytes metric."""
-        return sum(len(pack(list(d.items()))) for d in self._data.values() if d)
-
-    def key_count(self) -> int:
-        return sum(len(d) for d in self._data.values())

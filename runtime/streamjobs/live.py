@@ -1,0 +1,75 @@
+"""The live view of `streamjobs run`: rate, lag, latency and parallelism per operator."""
+
+from __future__ import annotations
+
+import time
+
+import msgpack
+import numpy as np
+import redis
+from rich.table import Table
+
+from streamjobs_core.layout import JobKeys
+from streamjobs_core.plan import JobPlan
+
+from .scrape import OperatorSample, scrape
+
+
+def latency_samples(r: redis.Redis, keys: JobKeys, since_ms: int = 0) -> np.ndarray:
+    values: list[int] = []
+    for _, fields in r.xrange(keys.latency_samples, min=f"{since_ms}-0"):
+        values.extend(msgpack.unpackb(fields[b"l"]))
+    return np.asarray(values, dtype=np.float64)
+
+
+def percentiles(values: np.ndarray) -> dict[str, float | None]:
+    if not len(values):
+        return {"p50_ms": None, "p95_ms": None, "p99_ms": None, "max_ms": None}
+    p50, p95, p99 = np.percentile(values, [50, 95, 99])
+    return {"p50_ms": float(p50), "p95_ms": float(p95), "p99_ms": float(p99), "max_ms": float(values.max())}
+
+
+class LiveView:
+    def __init__(self, r: redis.Redis, plan: JobPlan) -> None:
+        self.r = r
+        self.plan = plan
+        self._previous: dict[str, OperatorSample] = {}
+        self._previous_time = time.monotonic()
+        self.started = time.monotonic()
+
+    def rows(self) -> list[dict]:
+        now = time.monotonic()
+        current = scrape(self.r, self.plan.keys)
+        dt = max(1e-6, now - self._previous_time)
+        recent = latency_samples(self.r, self.plan.keys, int(time.time() * 1000) - 5000)
+        latency = percentiles(recent)
+        rows = []
+        for name in self.plan.spec.topological_order():
+            sample = current.get(name, OperatorSample())
+            before = self._previous.get(name, sample)
+            busy = sample.busy_s - before.busy_s
+            idle = sample.idle_s - before.idle_s
+            op = self.plan.spec.operator(name)
+            rows.append({
+                "operator": name,
+                "parallelism": f"{sample.instances}/{op.parallelism}",
+                "in_per_s": max(0.0, (sample.records_in - before.records_in) / dt),
+                "out_per_s": max(0.0, (sample.records_out - before.records_out) / dt),
+                "lag": sample.lag,
+                "busy": busy / (busy + idle) if busy + idle > 0 else 0.0,
+                "latency": latency if op in self.plan.spec.sinks else None,
+            })
+        self._previous, self._previous_time = current, now
+        return rows
+
+    def render(self, rows: list[dict]) -> Table:
+        elapsed = time.monotonic() - self.started
+        table = Table(title=f"StreamJob {self.plan.name} — {elapsed:.0f} s")
+        for column in ("operator", "instances", "in rec/s", "out rec/s", "lag rec", "busy", "e2e p50 / p99 ms"):
+            table.add_column(column, justify="left" if column == "operator" else "right")
+        for row in rows:
+            latency = row["latency"]
+            shown = "" if not latency or latency["p50_ms"] is None else f"{latency['p50_ms']:.0f} / {latency['p99_ms']:.0f}"
+            table.add_row(row["operator"], row["parallelism"], f"{row['in_per_s']:.0f}", f"{row['out_per_s']:.0f}",
+                          f"{row['lag']:.0f}", f"{row['busy']:.0%}", shown)
+        return table

@@ -1,0 +1,43 @@
+"""Test layers by folder: unit (no services), integration (real redis-server,
+real Spark, real processes), e2e (whole jobs, chaos)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+_LAYERS = ("unit", "integration", "e2e")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        parts = Path(str(item.fspath)).parts
+        for layer in _LAYERS:
+            if layer in parts:
+                item.add_marker(getattr(pytest.mark, layer))
+
+
+@pytest.fixture(scope="session")
+def redis_server():
+    from streamjobs.redis_server import RedisServer
+
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture
+def r(redis_server):
+    import redis
+
+    client = redis.Redis.from_url(redis_server.url)
+    client.flushall()
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def spark():
+    from streamjobs_worker import spark as worker_spark
+
+    return worker_spark.session("local[1]", "1g")

@@ -1,0 +1,155 @@
+"""Reading an instance's owned kg streams, with in-band watermarks.
+
+Every entry carries its producer's watermark for the producer's key groups
+(`runs`). Per stream we keep one watermark per upstream key group; a stream's
+watermark is their minimum, and the instance's input watermark the minimum over
+its streams. Entries of one stream arrive in order, so a watermark can never
+pass data of that stream that was not read yet. Progress is keyed by key
+groups, not instances, so it survives any rescale of the upstream.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import msgpack
+import numpy as np
+import pyarrow as pa
+import redis
+
+from streamjobs_core.codec import DecodeError, decode
+from streamjobs_core.generators import MAX_WATERMARK
+from streamjobs_core.plan import Edge, JobPlan
+
+from .transaction import Transaction
+
+MIN_WATERMARK = -(2**63)
+
+
+@dataclass
+class _Stream:
+    key: str
+    edge: Edge
+    kg: int
+    cursor: bytes
+    upstream_watermarks: np.ndarray
+    read_records: int = 0
+    changed: bool = False
+
+
+@dataclass
+class InputBatch:
+    tables: dict[str, list[pa.Table]] = field(default_factory=dict)
+    records: int = 0
+    entries: int = 0
+    full: bool = False
+    bad: list[tuple[str, bytes, str]] = field(default_factory=list)  # (stream, entry id, error)
+
+    def table(self, upstream: str) -> pa.Table | None:
+        parts = self.tables.get(upstream)
+        return pa.concat_tables(parts, promote_options="permissive") if parts else None
+
+
+class InputReader:
+    def __init__(self, r: redis.Redis, plan: JobPlan, op: str, owned: tuple[int, ...]) -> None:
+        self._r = r
+        self._plan = plan
+        self._op = op
+        self._streams: dict[str, _Stream] = {}
+        for edge in plan.edges_in(op):
+            width = plan.key_groups(edge.upstream)
+            for kg in owned:
+                key = plan.keys.kg_stream(edge.upstream, op, kg)
+                self._streams[key] = _Stream(key, edge, kg, b"0-0", np.full(width, MIN_WATERMARK, dtype=np.int64))
+
+    def restore(self) -> None:
+        """Resume from the committed offsets and watermark progress."""
+        if not self._streams:
+            return
+        names = list(self._streams)
+        offsets = self._r.hmget(self._plan.keys.offsets(self._op), names)
+        marks = self._r.hmget(self._plan.keys.watermarks(self._op), names)
+        for name, offset, packed in zip(names, offsets, marks):
+            stream = self._streams[name]
+            if offset is not None:
+                stream.cursor = offset
+            if packed is not None:
+                for lo, hi, mark in msgpack.unpackb(packed):
+                    stream.upstream_watermarks[lo : hi + 1] = mark
+
+    def read(self, count: int, block_ms: int) -> InputBatch:
+        batch = InputBatch()
+        if not self._streams:
+            return batch
+        cursors = {name: s.cursor for name, s in self._streams.items()}
+        reply = self._r.xread(cursors, count=count, block=block_ms or None)
+        for name, entries in reply:
+            stream = self._streams[name.decode() if isinstance(name, bytes) else name]
+            batch.full |= len(entries) >= count
+            for entry_id, fields in entries:
+                stream.cursor = entry_id
+                stream.changed = True
+                batch.entries += 1
+                try:
+                    entry = decode(fields)
+                except DecodeError as exc:
+                    batch.bad.append((stream.key, entry_id, str(exc)))
+                    continue
+                for lo, hi in entry.runs:
+                    view = stream.upstream_watermarks[lo : hi + 1]
+                    np.maximum(view, entry.watermark, out=view)
+                if entry.table is not None and entry.table.num_rows:
+                    batch.tables.setdefault(stream.edge.upstream, []).append(entry.table)
+                    batch.records += entry.table.num_rows
+                    stream.read_records += entry.table.num_rows
+        return batch
+
+    @property
+    def watermark(self) -> int:
+        if not self._streams:
+            return MAX_WATERMARK
+        return int(min(s.upstream_watermarks.min() for s in self._streams.values()))
+
+    def stage(self, txn: Transaction) -> None:
+        """Add the offsets, watermark progress and trims of what was read to the transaction."""
+        keys = self._plan.keys
+        for stream in self._streams.values():
+            if not stream.changed:
+                continue
+            txn.hset(keys.offsets(self._op), {stream.key: stream.cursor})
+            txn.hset(keys.watermarks(self._op), {stream.key: msgpack.packb(_rle(stream.upstream_watermarks))})
+            txn.trims[stream.key] = stream.cursor  # consumed entries go; one stream, one consumer
+            if stream.read_records:
+                edge = stream.edge
+                txn.hincrby(keys.consumed(edge.upstream, edge.downstream), str(stream.kg), stream.read_records)
+            stream.changed = False
+            stream.read_records = 0
+
+    def lag(self) -> dict[tuple[str, int], int]:
+        """Records produced into each owned stream and not yet consumed, per (upstream, kg)."""
+        keys = self._plan.keys
+        out: dict[tuple[str, int], int] = {}
+        pipe = self._r.pipeline(transaction=False)
+        order = []
+        for edge in self._plan.edges_in(self._op):
+            kgs = sorted({s.kg for s in self._streams.values() if s.edge == edge})
+            fields = [str(kg) for kg in kgs]
+            pipe.hmget(keys.produced(edge.upstream, edge.downstream), fields)
+            pipe.hmget(keys.consumed(edge.upstream, edge.downstream), fields)
+            order.append((edge, kgs))
+        results = pipe.execute()
+        for i, (edge, kgs) in enumerate(order):
+            produced, consumed = results[2 * i], results[2 * i + 1]
+            for kg, p, c in zip(kgs, produced, consumed):
+                out[(edge.upstream, kg)] = int(p or 0) - int(c or 0)
+        return out
+
+
+def _rle(values: np.ndarray) -> list[tuple[int, int, int]]:
+    out: list[tuple[int, int, int]] = []
+    start = 0
+    for i in range(1, len(values) + 1):
+        if i == len(values) or values[i] != values[start]:
+            out.append((start, i - 1, int(values[start])))
+            start = i
+    return out

@@ -1,0 +1,95 @@
+"""Routing an instance's output to the kg streams of every downstream edge.
+
+A keyed edge routes each record by hash(key) to its key group; an unkeyed edge
+spreads chunks of the batch round-robin over the key groups. Either way the
+routing depends on maxParallelism only, never on who owns a key group now.
+Streams that got no data hear the new watermark through a heartbeat entry, or
+windows downstream would never fire.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from streamjobs_core.codec import encode
+from streamjobs_core.generators import MAX_WATERMARK
+from streamjobs_core.keygroups import key_groups_of
+from streamjobs_core.plan import Edge, JobPlan
+
+from .inputs import MIN_WATERMARK
+from .transaction import Transaction
+
+_CHUNK_RECORDS = 2048
+HEARTBEAT_S = 0.2
+
+
+class MissingKeyColumn(ValueError):
+    pass
+
+
+class OutputRouter:
+    def __init__(self, plan: JobPlan, op: str, runs: list[tuple[int, int]]) -> None:
+        self._plan = plan
+        self._op = op
+        self._runs = runs
+        self._edges = plan.edges_out(op)
+        self._key_groups = plan.spec.max_parallelism
+        self._told: dict[str, int] = {}
+        self._last_heartbeat = 0.0
+        self._round_robin = 0
+
+    def route(self, table: pa.Table | None, watermark: int, txn: Transaction, now: float) -> int:
+        """Stage the batch's output and heartbeats; return the records written per edge (summed)."""
+        written = 0
+        keys = self._plan.keys
+        heartbeat_due = now - self._last_heartbeat >= HEARTBEAT_S or watermark == MAX_WATERMARK
+        for edge in self._edges:
+            touched: set[int] = set()
+            if table is not None and table.num_rows:
+                for kg, part in self._split(edge, table):
+                    key = keys.kg_stream(self._op, edge.downstream, kg)
+                    txn.xadd(key, encode(part, watermark, self._runs))
+                    txn.hincrby(keys.produced(self._op, edge.downstream), str(kg), part.num_rows)
+                    self._told[key] = watermark
+                    touched.add(kg)
+                    written += part.num_rows
+            if not heartbeat_due:
+                continue
+            for kg in range(self._key_groups):
+                key = keys.kg_stream(self._op, edge.downstream, kg)
+                if kg not in touched and self._told.get(key, MIN_WATERMARK) < watermark:
+                    txn.xadd(key, encode(None, watermark, self._runs))
+                    self._told[key] = watermark
+        if heartbeat_due:
+            self._last_heartbeat = now
+        return written
+
+    def _split(self, edge: Edge, table: pa.Table) -> list[tuple[int, pa.Table]]:
+        if edge.key_by is None:
+            chunks = max(1, -(-table.num_rows // _CHUNK_RECORDS))
+            start = self._round_robin
+            self._round_robin = (start + chunks) % self._key_groups
+            size = -(-table.num_rows // chunks)
+            return [((start + i) % self._key_groups, table.slice(i * size, size)) for i in range(chunks)]
+        if edge.key_by not in table.column_names:
+            raise MissingKeyColumn(
+                f"output of '{self._op}' lacks column '{edge.key_by}', the keyBy of '{edge.downstream}'"
+            )
+        kgs = key_groups_of(table.column(edge.key_by), self._key_groups)
+        order = np.argsort(kgs, kind="stable")
+        sorted_kgs = kgs[order]
+        table = table.take(pa.array(order))
+        bounds = np.flatnonzero(np.diff(sorted_kgs)) + 1
+        starts = np.concatenate(([0], bounds))
+        ends = np.concatenate((bounds, [len(sorted_kgs)]))
+        return [(int(sorted_kgs[s]), table.slice(s, e - s)) for s, e in zip(starts, ends)]
+
+
+def drop_system_columns(table: pa.Table) -> pa.Table:
+    return table.drop_columns([c for c in table.column_names if c.startswith("_")])
+
+
+def filter_rows(table: pa.Table, mask: np.ndarray) -> pa.Table:
+    return table.filter(pc.equal(pa.array(mask), True))

@@ -1,0 +1,169 @@
+"""Source operators: deterministic generators and external Redis input streams.
+
+A source instance owns partitions (its key groups); its progress is the next
+offset of each partition, committed with the batch it produced, so a restarted
+source resumes exactly where the last commit left off.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pyarrow as pa
+import redis
+
+from streamjobs_core import generators
+from streamjobs_core.generators import MAX_WATERMARK
+from streamjobs_core.plan import JobPlan
+from streamjobs_core.spec import RedisStreamSource
+
+from .inputs import MIN_WATERMARK
+from .transaction import Transaction
+
+
+def with_ingest_time(table: pa.Table, now_ms: int) -> pa.Table:
+    return table.append_column("_ingest_ms", pa.array(np.full(table.num_rows, now_ms, dtype=np.int64)))
+
+
+class GeneratorSource:
+    def __init__(self, r: redis.Redis, plan: JobPlan, op: str, partitions: tuple[int, ...]) -> None:
+        self._r = r
+        self._plan = plan
+        self._op = op
+        self._spec = plan.spec.operator(op)
+        self._count = plan.key_groups(op)
+        self._partitions = partitions
+        self._next = {p: 0 for p in partitions}
+        self._stopped = False
+
+    def restore(self) -> None:
+        fields = [f"p{p}" for p in self._partitions]
+        for p, value in zip(self._partitions, self._r.hmget(self._plan.keys.offsets(self._op), fields)):
+            if value is not None:
+                self._next[p] = int(value)
+
+    def poll(self, budget: int, now: float, stop_requested: bool) -> tuple[pa.Table | None, int]:
+        """Records due by now (at most budget) and the watermark after them."""
+        self._stopped |= stop_requested
+        elapsed = now - self._plan.t0_ms / 1000
+        parts = []
+        if not self._stopped:
+            share = max(1, budget // max(1, len(self._partitions)))
+            for p in self._partitions:
+                due = generators.due_local_index(self._spec, p, self._count, elapsed)
+                end = min(due, self._next[p] + share)
+                if end > self._next[p]:
+                    parts.append(generators.global_indices(p, self._count, self._next[p], end))
+                    self._next[p] = end
+        table = None
+        if parts:
+            table = with_ingest_time(
+                generators.generate(self._spec, self._plan.t0_ms, np.concatenate(parts)), int(now * 1000)
+            )
+        return table, self.watermark()
+
+    def watermark(self) -> int:
+        if self._stopped:
+            return MAX_WATERMARK
+        marks = [
+            generators.watermark(self._spec, self._plan.t0_ms, self._next[p] * self._count + p)
+            for p in self._partitions
+        ]
+        return min(marks, default=MAX_WATERMARK)
+
+    def stage(self, txn: Transaction) -> None:
+        txn.hset(self._plan.keys.offsets(self._op), {f"p{p}": n for p, n in self._next.items()})
+
+    @property
+    def finished(self) -> bool:
+        return self.watermark() == MAX_WATERMARK
+
+
+class RedisInputSource:
+    """Records XADDed by external producers, one field per column, all strings.
+
+    Event time comes from `eventTimeField` (ms) or the ingest time; a partition's
+    watermark is the largest event time it delivered minus outOfOrderMs.
+    """
+
+    def __init__(self, r: redis.Redis, plan: JobPlan, op: str, partitions: tuple[int, ...]) -> None:
+        self._r = r
+        self._plan = plan
+        self._op = op
+        self._spec: RedisStreamSource = plan.spec.operator(op)
+        self._partitions = partitions
+        self._cursor = {p: b"0-0" for p in partitions}
+        self._marks = {p: MIN_WATERMARK for p in partitions}
+        self.bad: list[tuple[str, bytes, str, dict]] = []
+        self._stopped = False
+
+    def restore(self) -> None:
+        keys = self._plan.keys
+        values = self._r.hmget(keys.offsets(self._op), [f"p{p}" for p in self._partitions])
+        marks = self._r.hmget(keys.watermarks(self._op), [f"p{p}" for p in self._partitions])
+        for p, value, mark in zip(self._partitions, values, marks):
+            if value is not None:
+                self._cursor[p] = value
+            if mark is not None:
+                self._marks[p] = int(mark)
+
+    def poll(self, budget: int, now: float, stop_requested: bool) -> tuple[pa.Table | None, int]:
+        self._stopped |= stop_requested
+        if self._stopped:
+            return None, MAX_WATERMARK
+        keys = self._plan.keys
+        streams = {keys.input_stream(self._op, p): self._cursor[p] for p in self._partitions}
+        reply = self._r.xread(streams, count=max(1, budget // max(1, len(streams))))
+        now_ms = int(now * 1000)
+        rows: list[dict] = []
+        times: list[int] = []
+        partition_of = {keys.input_stream(self._op, p): p for p in self._partitions}
+        for name, entries in reply:
+            stream = name.decode()
+            p = partition_of[stream]
+            for entry_id, fields in entries:
+                self._cursor[p] = entry_id
+                record = {k.decode(): v.decode("utf-8", "replace") for k, v in fields.items()}
+                event_time = now_ms
+                if self._spec.event_time_field:
+                    try:
+                        event_time = int(record[self._spec.event_time_field])
+                    except (KeyError, ValueError) as exc:
+                        self.bad.append((stream, entry_id, f"bad event time field: {exc!r}", record))
+                        continue
+                rows.append(record)
+                times.append(event_time)
+                self._marks[p] = max(self._marks[p], event_time - self._spec.out_of_order_ms)
+        if not self._spec.event_time_field:
+            for p in self._partitions:
+                self._marks[p] = max(self._marks[p], now_ms - self._spec.out_of_order_ms)
+        if not rows:
+            return None, self.watermark()
+        columns = sorted({k for row in rows for k in row})
+        table = pa.table({c: pa.array([row.get(c) for row in rows], pa.string()) for c in columns})
+        table = table.append_column("event_time", pa.array(times, pa.int64()))
+        return with_ingest_time(table, now_ms), self.watermark()
+
+    def watermark(self) -> int:
+        return MAX_WATERMARK if self._stopped else min(self._marks.values(), default=MAX_WATERMARK)
+
+    def stage(self, txn: Transaction) -> None:
+        keys = self._plan.keys
+        txn.hset(keys.offsets(self._op), {f"p{p}": c for p, c in self._cursor.items()})
+        txn.hset(keys.watermarks(self._op), {f"p{p}": m for p, m in self._marks.items()})
+
+    @property
+    def finished(self) -> bool:
+        return self._stopped
+
+
+def make_source(r: redis.Redis, plan: JobPlan, op: str, partitions: tuple[int, ...]):
+    spec = plan.spec.operator(op)
+    if spec.type == "redis_stream":
+        return RedisInputSource(r, plan, op, partitions)
+    return GeneratorSource(r, plan, op, partitions)
+
+
+def sleep_until_due(seconds: float) -> None:
+    time.sleep(max(0.0, min(seconds, 0.05)))

@@ -1,0 +1,221 @@
+"""One operator instance: read -> process on Spark -> route -> commit, in a loop.
+
+A worker starts from "you own key groups X at epoch E" (the assignment in
+Redis), restores their state and offsets, and processes micro-batches whose
+size adapts to the backlog: under no load a batch is whatever arrived within
+maxWaitMs (low latency); under backlog batches grow until one takes about
+targetBatchMs, so the ~0.25 s fixed cost of a Spark job is amortised.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+
+import msgpack
+import redis
+
+from streamjobs_core.generators import MAX_WATERMARK
+from streamjobs_core.keygroups import runs
+from streamjobs_core.plan import JobPlan, read_assignment
+
+from . import recovery
+from .inputs import InputBatch, InputReader
+from .metrics import WorkerMetrics
+from .outputs import OutputRouter
+from .sinks import make_sink
+from .sources import make_source
+from .stages import make_stage
+from .state import KeyGroupStore
+from .transaction import Checkpoint, Transaction
+
+log = logging.getLogger(__name__)
+
+_LAG_EVERY_S = 1.0
+_LATENCY_SAMPLES = 200
+_MAX_ENTRIES_PER_STREAM = 4096
+
+
+class Worker:
+    def __init__(self, r: redis.Redis, plan: JobPlan, op: str, instance: int, metrics_host: str = "127.0.0.1") -> None:
+        self.r = r
+        self.plan = plan
+        self.op = op
+        self.instance = instance
+        self.spec = plan.spec.operator(op)
+        keys = plan.keys
+        assignment = read_assignment(r, keys, op) or plan.initial_assignment(op)
+        self.owned = assignment.key_groups_of(instance)
+        self.incarnation = int(r.incr(keys.incarnation(op, instance)))
+        self.checkpoint = Checkpoint(r, keys, op, instance, self.incarnation)
+        self.metrics = WorkerMetrics(plan.name, op, instance)
+        self.metrics.owned_key_groups.set(len(self.owned))
+        self.metrics.assignment_epoch.set(assignment.epoch)
+        self.is_source = self.spec in plan.spec.sources
+        self.is_sink = self.spec in plan.spec.sinks
+        self.store = KeyGroupStore(self.owned)
+        self.source = make_source(r, plan, op, self.owned) if self.is_source else None
+        self.reader = None if self.is_source else InputReader(r, plan, op, self.owned)
+        self.stage = None
+        if not (self.is_source or self.is_sink):
+            self.stage = make_stage(self.spec, self.store, plan.spec.max_parallelism)
+        self.sink = make_sink(plan, op, instance) if self.is_sink else None
+        self.router = OutputRouter(plan, op, runs(self.owned)) if plan.edges_out(op) else None
+        # Registering the endpoint tells the runtime this instance is ready (Spark is up).
+        port = self.metrics.serve(host=metrics_host)
+        r.hset(keys.metrics_endpoints, f"{op}/{instance}", f"{metrics_host}:{port}")
+
+        batching = plan.spec.batching
+        self._entries_per_stream = 1
+        self._source_budget = max(batching.min_records, 1000)
+        self._changelog_ids: dict[int, bytes] = {}
+        self._unsnapshotted: set[int] = set()
+        self._snapshot_sizes: dict[int, int] = {}
+        self._batches = 0
+        self._done = False
+        self._last_lag = 0.0
+        self._stop_requested = False
+        self._last_control = 0.0
+
+    # --- lifecycle -----------------------------------------------------------
+
+    def restore(self) -> None:
+        if self.source is not None:
+            self.source.restore()
+        if self.reader is not None:
+            self.reader.restore()
+        if self.stage is not None:
+            self._changelog_ids = recovery.restore(self.r, self.plan.keys, self.op, self.store)
+            self.stage.restore()
+
+    def run(self, stop: threading.Event) -> None:
+        self.restore()
+        log.info("%s/%d owns %d key groups (incarnation %d)", self.op, self.instance, len(self.owned), self.incarnation)
+        while not stop.is_set():
+            self.step()
+
+    # --- one micro-batch -----------------------------------------------------
+
+    def step(self) -> None:
+        started = time.monotonic()
+        txn = Transaction()
+        if self.source is not None:
+            records, output, watermark = self._poll_source(txn)
+        else:
+            batch = self.reader.read(self._entries_per_stream, self.plan.spec.batching.max_wait_ms)
+            records = batch.records
+            self._dead_letter(batch, txn)
+            watermark = self.reader.watermark
+            output, watermark = self._process(batch, watermark, txn)
+            self.reader.stage(txn)
+        if self.router is not None:
+            written = self.router.route(output, watermark, txn, time.time())
+            self.metrics.records_out.inc(written)
+        if self.is_sink and watermark == MAX_WATERMARK and not self._done:
+            txn.sadds.append((self.plan.keys.done(self.op), str(self.instance)))
+            self._done = True
+        for kg, changes in self.store.drain_changes().items():
+            txn.changelog[kg] = changes
+        if not txn.empty:
+            ids = self.checkpoint.commit(txn)
+            self._changelog_ids.update(ids)
+            self._unsnapshotted.update(ids)
+        self._batches += 1
+        if self._batches % self.plan.spec.state.snapshot_every_batches == 0 and self._unsnapshotted:
+            self._snapshot()
+        elapsed = time.monotonic() - started
+        self.metrics.records_in.inc(records)
+        self.metrics.watermark.set(min(watermark, 2**53))
+        if records:
+            self.metrics.busy_seconds.inc(elapsed)
+            self.metrics.batch_duration.observe(elapsed)
+        else:
+            self.metrics.idle_seconds.inc(elapsed)
+        self._adapt(records, elapsed)
+        self._report_lag()
+
+    def _poll_source(self, txn: Transaction):
+        now = time.time()
+        if now - self._last_control >= 0.2:
+            self._stop_requested = self.r.hget(self.plan.keys.control, "stop") is not None
+            self._last_control = now
+        table, watermark = self.source.poll(self._source_budget, now, self._stop_requested)
+        self.source.stage(txn)
+        for stream, entry_id, error, record in getattr(self.source, "bad", ()):
+            self._dead_letter_one(txn, stream, entry_id, error, json.dumps(record))
+        if getattr(self.source, "bad", None):
+            self.source.bad.clear()
+        if table is None:
+            time.sleep(0.02)
+        return (table.num_rows if table is not None else 0), table, watermark
+
+    def _process(self, batch: InputBatch, watermark: int, txn: Transaction):
+        if self.sink is not None:
+            for upstream in self.spec.inputs:
+                table = batch.table(upstream)
+                if table is not None:
+                    self._observe_latency(table, txn)
+                    self.sink.write(table, txn)
+            return None, watermark
+        output, out_watermark = self.stage.process(batch, watermark)
+        late = getattr(self.stage, "late_records", 0)
+        if late:
+            self.metrics.late_records.inc(late)
+            self.stage.late_records = 0
+        return output, out_watermark
+
+    def _observe_latency(self, table, txn: Transaction) -> None:
+        if "_ingest_ms" not in table.column_names:
+            return
+        ingest = table.column("_ingest_ms").to_numpy()
+        step = max(1, len(ingest) // _LATENCY_SAMPLES)
+        now_ms = time.time() * 1000
+        sample = (now_ms - ingest[::step]).astype(int).tolist()
+        for value in sample:
+            self.metrics.latency.observe(value / 1000)
+        txn.xadd(self.plan.keys.latency_samples, {"t": int(now_ms), "l": msgpack.packb(sample)}, 20_000)
+
+    def _dead_letter(self, batch: InputBatch, txn: Transaction) -> None:
+        for stream, entry_id, error in batch.bad:
+            self._dead_letter_one(txn, stream, entry_id, error, "")
+
+    def _dead_letter_one(self, txn: Transaction, stream: str, entry_id: bytes, error: str, record: str) -> None:
+        txn.xadd(
+            self.plan.keys.dead_letter,
+            {"operator": self.op, "stream": stream, "id": entry_id, "error": error, "record": record},
+            100_000,
+        )
+        self.metrics.dead_letters.inc()
+
+    def _snapshot(self) -> None:
+        kgs = sorted(self._unsnapshotted)
+        for kg in kgs:
+            self._snapshot_sizes[kg] = recovery.snapshot(
+                self.r, self.plan.keys, self.op, self.store, self._changelog_ids, [kg]
+            )
+        self._unsnapshotted.clear()
+        self.metrics.state_bytes.set(sum(self._snapshot_sizes.values()))
+
+    def _adapt(self, records: int, elapsed: float) -> None:
+        target = self.plan.spec.batching.target_batch_ms / 1000
+        if self.source is not None:
+            limit = self.plan.spec.batching.max_records
+            if records >= self._source_budget and elapsed < target:
+                self._source_budget = min(limit, self._source_budget * 2)
+            elif elapsed > 2 * target:
+                self._source_budget = max(self.plan.spec.batching.min_records, self._source_budget // 2)
+            return
+        if records and elapsed < target:
+            self._entries_per_stream = min(_MAX_ENTRIES_PER_STREAM, self._entries_per_stream * 2)
+        elif elapsed > 2 * target:
+            self._entries_per_stream = max(1, self._entries_per_stream // 2)
+
+    def _report_lag(self) -> None:
+        now = time.monotonic()
+        if self.reader is None or now - self._last_lag < _LAG_EVERY_S:
+            return
+        self._last_lag = now
+        for (upstream, kg), records in self.reader.lag().items():
+            self.metrics.set_lag(upstream, kg, records)
