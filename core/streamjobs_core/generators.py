@@ -118,12 +118,17 @@ def local_total(spec: GeneratorSource, partition: int, partitions: int) -> int |
     return local_count(partition, partitions, spec.total_records)
 
 
-def due_local_index(spec: GeneratorSource, partition: int, partitions: int, elapsed_s: float) -> int:
-    """Local index (exclusive) up to which the partition is due elapsed_s after the start."""
+def due_count(spec: GeneratorSource, elapsed_s: float) -> int:
+    """Global indices (all partitions) due elapsed_s after the start."""
     due = math.floor(_curve(spec.rate).count_at(elapsed_s))
     if spec.total_records is not None:
         due = min(due, spec.total_records)
-    return local_count(partition, partitions, due)
+    return due
+
+
+def due_local_index(spec: GeneratorSource, partition: int, partitions: int, elapsed_s: float) -> int:
+    """Local index (exclusive) up to which the partition is due elapsed_s after the start."""
+    return local_count(partition, partitions, due_count(spec, elapsed_s))
 
 
 def _check_partition(partition: int, partitions: int) -> None:

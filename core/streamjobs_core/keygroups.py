@@ -28,6 +28,8 @@ def key_groups_of(keys: pa.Array | pa.ChunkedArray | np.ndarray, max_parallelism
     keys = np.asarray(keys)
     if keys.dtype.kind == "U":  # pandas hashes str objects, not fixed-width numpy strings
         keys = keys.astype(object)
+    elif keys.dtype.kind in "iu" and keys.dtype.itemsize < 8:
+        keys = keys.astype(np.int64)  # pandas hashes the bits: int32 -1 would not hash like int64 -1
     hashes = pd.util.hash_array(keys, categorize=False)
     return (hashes % np.uint64(max_parallelism)).astype(np.int64)
 

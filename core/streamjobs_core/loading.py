@@ -99,5 +99,9 @@ def load_job(path: str | Path) -> StreamJob:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise SpecError([("(document)", f"not valid YAML: {exc}")]) from None
+        # One line, like every other error (the CLI prints one error per line).
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or " ".join(str(exc).split())
+        raise SpecError([("(document)", f"not valid YAML{where}: {problem}")]) from None
     return parse_job(data)

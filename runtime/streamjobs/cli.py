@@ -40,12 +40,11 @@ def _run(args) -> int:
 
 
 def _status(args) -> int:
-    import redis
-
+    from streamjobs_core.connect import connect
     from streamjobs_core.layout import JobKeys
     from streamjobs_core.plan import JobPlan, read_assignment
 
-    r = redis.Redis.from_url(args.redis_url)
+    r = connect(args.redis_url)
     keys = JobKeys(args.job)
     raw = r.get(keys.plan)
     if raw is None:

@@ -17,8 +17,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import redis
-
+from streamjobs_core.connect import connect
 from streamjobs_core.plan import JobPlan, write_assignment
 from streamjobs_core.spec import StreamJob
 
@@ -48,7 +47,7 @@ class LocalRuntime:
     plan: JobPlan | None = None
 
     def __post_init__(self) -> None:
-        self.r = redis.Redis.from_url(self.redis_url)
+        self.r = connect(self.redis_url)
         self.keys = JobPlan(self.job, 0).keys
         self.log_dir.mkdir(parents=True, exist_ok=True)
 

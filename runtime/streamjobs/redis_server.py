@@ -11,10 +11,14 @@ import time
 import redis
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_port(below: int = 65536) -> int:
+    """A free loopback port; cluster nodes need one below 55536 (their bus listens at port + 10000)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port < below:
+            return port
 
 
 def redis_server_binary() -> str:

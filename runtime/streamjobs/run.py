@@ -34,7 +34,8 @@ def run_job(
 ) -> dict:
     """Run until duration (or Ctrl-C, or bounded sources finish), drain, verify, report.
 
-    `during(runtime, elapsed_s)` is called about every 0.5 s while the job runs (chaos in tests).
+    The duration counts from the moment every worker is up. `during(runtime, elapsed_s)`
+    is called about every 0.5 s while the job runs (chaos in tests).
     """
     console = console or Console()
     with contextlib.ExitStack() as stack:
@@ -44,8 +45,8 @@ def run_job(
         runtime = LocalRuntime(job, redis_url, logs)
         stack.callback(runtime.shutdown)
         console.print(f"starting {job.metadata.name}: workers log to {logs}")
-        started = time.monotonic()
         runtime.start()
+        started = time.monotonic()
         view = LiveView(runtime.r, runtime.plan)
         interrupted = _run_live(runtime, view, console, duration_s, during, started)
         runtime.request_stop()

@@ -9,10 +9,9 @@ import signal
 import sys
 import threading
 
-import redis
-
-from streamjobs_core.plan import JobPlan
+from streamjobs_core.connect import connect
 from streamjobs_core.layout import JobKeys
+from streamjobs_core.plan import JobPlan
 
 from .worker import Worker
 
@@ -27,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
-    r = redis.Redis.from_url(args.redis_url)
+    r = connect(args.redis_url)
     plan = JobPlan.from_json(r.get(JobKeys(args.job).plan))
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

@@ -7,8 +7,6 @@ source resumes exactly where the last commit left off.
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pyarrow as pa
 import redis
@@ -50,9 +48,9 @@ class GeneratorSource:
         parts = []
         if not self._stopped:
             share = max(1, budget // max(1, len(self._partitions)))
+            due_global = generators.due_count(self._spec, elapsed)
             for p in self._partitions:
-                due = generators.due_local_index(self._spec, p, self._count, elapsed)
-                end = min(due, self._next[p] + share)
+                end = min(generators.local_count(p, self._count, due_global), self._next[p] + share)
                 if end > self._next[p]:
                     parts.append(generators.global_indices(p, self._count, self._next[p], end))
                     self._next[p] = end
@@ -66,11 +64,11 @@ class GeneratorSource:
     def watermark(self) -> int:
         if self._stopped:
             return MAX_WATERMARK
-        marks = [
-            generators.watermark(self._spec, self._plan.t0_ms, self._next[p] * self._count + p)
-            for p in self._partitions
-        ]
-        return min(marks, default=MAX_WATERMARK)
+        if not self._partitions:
+            return MAX_WATERMARK
+        # Event times grow with the global index, so the partition furthest behind bounds them all.
+        behind = min(self._next[p] * self._count + p for p in self._partitions)
+        return generators.watermark(self._spec, self._plan.t0_ms, behind)
 
     def stage(self, txn: Transaction) -> None:
         txn.hset(self._plan.keys.offsets(self._op), {f"p{p}": n for p, n in self._next.items()})
@@ -163,7 +161,3 @@ def make_source(r: redis.Redis, plan: JobPlan, op: str, partitions: tuple[int, .
     if spec.type == "redis_stream":
         return RedisInputSource(r, plan, op, partitions)
     return GeneratorSource(r, plan, op, partitions)
-
-
-def sleep_until_due(seconds: float) -> None:
-    time.sleep(max(0.0, min(seconds, 0.05)))

@@ -62,7 +62,8 @@ class _SparkStage:
                 table = self._schemas[upstream].empty_table()
             else:
                 continue
-            df = self.spark.createDataFrame(table)
+            # One chunk: Spark would otherwise make a partition per tiny entry.
+            df = self.spark.createDataFrame(table.combine_chunks())
             if self.spec.where:
                 df = df.filter(self.spec.where)
             df.createOrReplaceTempView(view_name(upstream))

@@ -1,0 +1,35 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from streamjobs_core.loading import load_job
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def job_file():
+    return lambda name: ROOT / name
+
+
+@pytest.fixture
+def run(redis_server, tmp_path):
+    """Run a job on the session's redis-server and return the report."""
+    from streamjobs.run import run_job
+
+    def _run(path: str, duration_s: float, **kwargs) -> dict:
+        return run_job(load_job(ROOT / path), duration_s, redis_url=redis_server.url, console=Console(force_terminal=False),
+                       log_dir=str(tmp_path / "logs"), **kwargs)
+
+    return _run
+
+
+def assert_exact(report: dict) -> None:
+    verification = report["verification"]
+    assert verification["lost"] == 0, verification
+    assert verification["duplicated"] == 0, verification
+    assert verification["correct"] is True, verification
+    assert report["drained"]
