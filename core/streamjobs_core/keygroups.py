@@ -8,6 +8,8 @@ upstream.
 
 from __future__ import annotations
 
+import bisect
+import hashlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -61,12 +63,45 @@ class Assignment:
                 owners[kg] = instance
         return cls(epoch, tuple(owners))
 
+    @classmethod
+    def consistent_hashing(cls, parallelism: int, key_groups: int, epoch: int = 1, vnodes: int = 64) -> Assignment:
+        """Rhino-style ring: each instance holds `vnodes` points; a key group goes to the next point.
+
+        Changing the parallelism moves only the key groups whose next point changed,
+        about |new - old| / max(new, old) of them, where ranges move most of them.
+        """
+        ring = sorted((_ring_hash(f"instance-{i}-{v}"), i) for i in range(parallelism) for v in range(vnodes))
+        points = [h for h, _ in ring]
+        owners = []
+        for kg in range(key_groups):
+            at = bisect.bisect_left(points, _ring_hash(f"kg-{kg}")) % len(ring)
+            owners.append(ring[at][1])
+        return cls(epoch, tuple(owners))
+
     @property
     def parallelism(self) -> int:
         return max(self.owners) + 1
 
     def key_groups_of(self, instance: int) -> tuple[int, ...]:
         return tuple(kg for kg, owner in enumerate(self.owners) if owner == instance)
+
+
+@dataclass(frozen=True)
+class Move:
+    key_group: int
+    source: int
+    target: int
+
+
+def moves(old: Assignment, new: Assignment) -> list[Move]:
+    """Key groups whose owner differs between two assignments of one operator."""
+    if len(old.owners) != len(new.owners):
+        raise ValueError("assignments of different key-group counts")
+    return [Move(kg, a, b) for kg, (a, b) in enumerate(zip(old.owners, new.owners)) if a != b]
+
+
+def _ring_hash(text: str) -> int:
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
 
 
 def runs(key_groups: tuple[int, ...] | list[int]) -> list[tuple[int, int]]:

@@ -41,6 +41,17 @@ class JobKeys:
     def assignment(self, op: str) -> str:
         return f"{self.prefix}:assign:{op}"
 
+    def standby(self, op: str) -> str:
+        return f"{self.prefix}:standby:{op}"
+
+    @property
+    def rescale_requests(self) -> str:
+        return f"{self.prefix}:rescale:requests"
+
+    @property
+    def rescale_history(self) -> str:
+        return f"{self.prefix}:rescale:history"
+
     def incarnation(self, op: str, instance: int) -> str:
         return f"{self.prefix}:inc:{op}:{instance}"
 

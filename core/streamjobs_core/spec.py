@@ -272,9 +272,11 @@ Sink = Annotated[Union[RedisStreamSink, ParquetSink, ConsoleSink], Field(discrim
 
 
 class StateSettings(_Model):
-    backend: Literal["memory", "rocksdb"] = "memory"
+    backend: Literal["memory", "rocksdb"] = Field(
+        "memory", description="Working copy of keyed state: in-process dicts, or RocksDB for state beyond memory."
+    )
     snapshot_every_batches: int = Field(50, ge=1, description="Snapshot a changed key group this often.")
-    directory: str | None = Field(None, description="Local directory of the rocksdb backend.")
+    directory: str | None = Field(None, description="Local directory of the rocksdb backend (default: temp dir).")
 
 
 class BatchingSettings(_Model):
@@ -283,6 +285,9 @@ class BatchingSettings(_Model):
     max_wait_ms: int = Field(100, ge=0, description="How long an idle instance waits for input.")
     target_batch_ms: int = Field(
         1000, ge=50, description="Batch duration the adaptive sizing aims for under backlog."
+    )
+    max_lag_records: int = Field(
+        1_000_000, ge=1, description="Backpressure: a producer pauses while an output edge holds more unconsumed records."
     )
 
     @model_validator(mode="after")
@@ -305,9 +310,14 @@ class AutoscalerSettings(_Model):
 
 
 class RescaleSettings(_Model):
-    strategy: Literal["all_at_once", "fluid", "batched", "restart"] = "batched"
-    batch_key_groups: int = Field(8, ge=1, description="Key groups per handover step of the batched strategy.")
-    assignment: Literal["ranges", "consistent_hashing"] = "ranges"
+    strategy: Literal["all_at_once", "restart"] = Field(
+        "all_at_once",
+        description="all_at_once: standby instances warm up, then every key group switches at the old owners' "
+        "last commit while the rest of the job runs; restart: Flink's stop-and-restart of the whole job.",
+    )
+    assignment: Literal["ranges", "consistent_hashing"] = Field(
+        "ranges", description="Key group -> instance map: Flink's contiguous ranges, or a ring that moves fewer."
+    )
 
 
 class RedisSettings(_Model):

@@ -59,6 +59,56 @@ def _status(args) -> int:
     return 0
 
 
+def _rescale(args) -> int:
+    import time
+
+    from streamjobs_core.connect import connect
+    from streamjobs_core.layout import JobKeys
+    from streamjobs_core.plan import JobPlan
+
+    r = connect(args.redis_url)
+    keys = JobKeys(args.job)
+    raw = r.get(keys.plan)
+    if raw is None:
+        print(f"no job '{args.job}' in {args.redis_url}", file=sys.stderr)
+        return 1
+    spec = JobPlan.from_json(raw).spec
+    names = [op.name for op in spec.operators]
+    if args.operator not in names:
+        print(f"--operator: no operator '{args.operator}' (operators: {', '.join(names)})", file=sys.stderr)
+        return 2
+    if not 1 <= args.parallelism <= spec.max_parallelism:
+        print(f"--parallelism: must be in [1, {spec.max_parallelism}] (maxParallelism)", file=sys.stderr)
+        return 2
+    before = r.llen(keys.rescale_history)
+    strategy = args.strategy or spec.rescale.strategy
+    request = {"operator": args.operator, "parallelism": args.parallelism, "strategy": strategy}
+    r.rpush(keys.rescale_requests, json.dumps(request))
+    deadline = time.monotonic() + args.wait
+    while r.llen(keys.rescale_history) <= before:
+        if time.monotonic() > deadline:
+            print(f"requested; not done within {args.wait:.0f} s", file=sys.stderr)
+            return 1
+        time.sleep(0.2)
+    print(r.lindex(keys.rescale_history, before).decode())
+    return 0
+
+
+def _bench(args) -> int:
+    from pathlib import Path
+
+    from .bench import throughput
+
+    benches = {"throughput": throughput.run}
+    result = {"bench": args.name, "quick": args.quick, **benches[args.name](args.quick)}
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(text)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="streamjobs", description="Elastic, stateful stream jobs.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -82,6 +132,22 @@ def main(argv: list[str] | None = None) -> int:
     status.add_argument("--job", required=True)
     status.add_argument("--redis-url", required=True)
     status.set_defaults(func=_status)
+
+    rescale = sub.add_parser("rescale", help="change an operator's parallelism in a job started by `streamjobs run`")
+    rescale.add_argument("--job", required=True)
+    rescale.add_argument("--operator", required=True)
+    rescale.add_argument("--parallelism", type=int, required=True)
+    rescale.add_argument("--strategy", choices=["all_at_once", "restart"], default=None,
+                         help="default: the job's spec.rescale.strategy")
+    rescale.add_argument("--redis-url", required=True, help="as printed by `streamjobs run`")
+    rescale.add_argument("--wait", type=float, default=180.0, help="seconds to wait for the rescale to finish")
+    rescale.set_defaults(func=_rescale)
+
+    bench = sub.add_parser("bench", help="benchmarks measured on this machine")
+    bench.add_argument("name", choices=["throughput"])
+    bench.add_argument("--quick", action="store_true", help="a run of a few minutes")
+    bench.add_argument("--json", default=None, help="write the results here")
+    bench.set_defaults(func=_bench)
 
     args = parser.parse_args(argv)
     return int(args.func(args) or 0)

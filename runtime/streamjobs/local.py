@@ -9,6 +9,7 @@ warm-up time. A worker that dies is restarted; it resumes from its last commit.
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import signal
 import subprocess
@@ -18,7 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from streamjobs_core.connect import connect
-from streamjobs_core.plan import JobPlan, write_assignment
+from streamjobs_core.keygroups import Assignment, moves
+from streamjobs_core.plan import JobPlan, read_assignment, write_assignment
 from streamjobs_core.spec import StreamJob
 
 _PR_SET_PDEATHSIG = 1
@@ -44,6 +46,7 @@ class LocalRuntime:
     log_dir: Path
     restart_workers: bool = True
     instances: dict[tuple[str, int], _Instance] = field(default_factory=dict)
+    parallelism: dict[str, int] = field(default_factory=dict)
     plan: JobPlan | None = None
 
     def __post_init__(self) -> None:
@@ -56,20 +59,11 @@ class LocalRuntime:
     def start(self, ready_timeout_s: float = 120.0) -> None:
         self._clear_job_keys()
         spec = self.job.spec
+        self.parallelism = {op.name: op.parallelism for op in spec.operators}
         self._write_plan(int(time.time() * 1000))
         for op in spec.operators:
             write_assignment(self.r, self.keys, op.name, self.plan.initial_assignment(op.name))
-        source_names = {s.name for s in spec.sources}
-        for op in spec.operators:
-            if op.name not in source_names:
-                for i in range(op.parallelism):
-                    self._spawn(op.name, i)
-        self.wait_ready([k for k in self.instances], ready_timeout_s)
-        self._write_plan(int(time.time() * 1000))
-        for source in spec.sources:
-            for i in range(source.parallelism):
-                self._spawn(source.name, i)
-        self.wait_ready([(s.name, i) for s in spec.sources for i in range(s.parallelism)], ready_timeout_s)
+        self._start_all(ready_timeout_s, before_sources=lambda: self._write_plan(int(time.time() * 1000)))
 
     def _write_plan(self, t0_ms: int) -> None:
         self.plan = JobPlan(self.job, t0_ms)
@@ -86,15 +80,17 @@ class LocalRuntime:
             self.r.delete(*batch)
 
     def _spawn(self, op: str, index: int) -> None:
-        log = open(self.log_dir / f"{op}-{index}.log", "ab")
-        process = subprocess.Popen(
-            [sys.executable, "-m", "streamjobs_worker", "--redis-url", self.redis_url, "--job", self.job.metadata.name,
-             "--operator", op, "--instance", str(index)],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent,
-        )
-        log.close()
         previous = self.instances.get((op, index))
+        process = self._popen(op, index)
         self.instances[(op, index)] = _Instance(op, index, process, previous.restarts + 1 if previous else 0)
+
+    def _popen(self, op: str, index: int, *extra: str) -> subprocess.Popen:
+        with open(self.log_dir / f"{op}-{index}.log", "ab") as log:
+            return subprocess.Popen(
+                [sys.executable, "-m", "streamjobs_worker", "--redis-url", self.redis_url, "--job",
+                 self.job.metadata.name, "--operator", op, "--instance", str(index), *extra],
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent,
+            )
 
     def wait_ready(self, instances: list[tuple[str, int]], timeout_s: float) -> None:
         """Wait until each instance registered its metrics endpoint (it does so once it can process)."""
@@ -131,7 +127,7 @@ class LocalRuntime:
 
     def drained(self) -> bool:
         for sink in self.job.spec.sinks:
-            if self.r.scard(self.keys.done(sink.name)) < sink.parallelism:
+            if self.r.scard(self.keys.done(sink.name)) < self.parallelism[sink.name]:
                 return False
         return True
 
@@ -147,16 +143,93 @@ class LocalRuntime:
     def restarts(self) -> int:
         return sum(inst.restarts for inst in self.instances.values())
 
+    # --- rescale ---------------------------------------------------------------
+
+    def rescale(self, op: str, parallelism: int, strategy: str, ready_timeout_s: float = 120.0) -> dict:
+        """Change an operator's parallelism; return what it cost.
+
+        `restart` is Flink's baseline: every worker of the job stops after its
+        last commit (a consistent cut: every batch is committed or not at all),
+        the new assignment is written and the whole job starts again.
+        `all_at_once` keeps the rest of the job running: the new instances start
+        as standbys (their SparkSession warm), then the old instances stop after
+        their last commit and the new assignment hands every key group over at
+        once; the operator pauses only for that switch and the state restore.
+        """
+        old = read_assignment(self.r, self.keys, op)
+        make = Assignment.consistent_hashing if self.job.spec.rescale.assignment == "consistent_hashing" else Assignment.ranges
+        new = make(parallelism, self.plan.key_groups(op), epoch=old.epoch + 1)
+        started = time.monotonic()
+        if strategy == "restart":
+            self._stop([k for k in self.instances])
+            paused = time.monotonic()
+            write_assignment(self.r, self.keys, op, new)
+            self.parallelism[op] = parallelism
+            self._start_all(ready_timeout_s)
+        elif strategy == "all_at_once":
+            self.r.delete(self.keys.standby(op))
+            standbys = {i: self._popen(op, i, "--await-epoch", str(new.epoch)) for i in range(parallelism)}
+            self._wait_standby(op, parallelism, ready_timeout_s)
+            self._stop([k for k in self.instances if k[0] == op])
+            paused = time.monotonic()
+            write_assignment(self.r, self.keys, op, new)
+            self.parallelism[op] = parallelism
+            for i, process in standbys.items():
+                self.instances[(op, i)] = _Instance(op, i, process)
+            self.wait_ready([(op, i) for i in range(parallelism)], ready_timeout_s)
+        else:
+            raise ValueError(f"unknown rescale strategy '{strategy}'")
+        done = time.monotonic()
+        record = {
+            "operator": op, "from": old.parallelism, "to": parallelism, "strategy": strategy, "epoch": new.epoch,
+            "moved_key_groups": len(moves(old, new)), "rescale_s": round(done - started, 3),
+            "pause_ms": round((done - paused) * 1000, 1),
+        }
+        self.r.rpush(self.keys.rescale_history, json.dumps(record))
+        return record
+
+    def _wait_standby(self, op: str, count: int, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self.r.hlen(self.keys.standby(op)) < count:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"standby instances of '{op}' not ready; see logs in {self.log_dir}")
+            time.sleep(0.1)
+
+    def _start_all(self, ready_timeout_s: float, before_sources=lambda: None) -> None:
+        sources = {s.name for s in self.job.spec.sources}
+        first = [(op, i) for op, n in self.parallelism.items() if op not in sources for i in range(n)]
+        then = [(op, i) for op, n in self.parallelism.items() if op in sources for i in range(n)]
+        for group in (first, then):
+            if group is then:
+                before_sources()
+            for op, i in group:
+                self._spawn(op, i)
+            self.wait_ready(group, ready_timeout_s)
+
+    def handle_requests(self) -> list[dict]:
+        """Carry out rescales asked for by `streamjobs rescale` (through Redis)."""
+        done = []
+        while (raw := self.r.lpop(self.keys.rescale_requests)) is not None:
+            request = json.loads(raw)
+            done.append(self.rescale(request["operator"], request["parallelism"], request["strategy"]))
+        return done
+
     # --- stop ------------------------------------------------------------------
 
-    def shutdown(self, timeout_s: float = 15.0) -> None:
-        for inst in self.instances.values():
-            if inst.process.poll() is None:
-                inst.process.terminate()
+    def _stop(self, which: list[tuple[str, int]], timeout_s: float = 15.0) -> None:
+        """Stop instances after their current batch (SIGTERM), forget them and their endpoints."""
+        for key in which:
+            if self.instances[key].process.poll() is None:
+                self.instances[key].process.terminate()
         deadline = time.monotonic() + timeout_s
-        for inst in self.instances.values():
+        for key in which:
+            process = self.instances.pop(key).process
             try:
-                inst.process.wait(max(0.1, deadline - time.monotonic()))
+                process.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                os.killpg(inst.process.pid, signal.SIGKILL)
-                inst.process.wait()
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+            self.r.hdel(self.keys.metrics_endpoints, f"{key[0]}/{key[1]}")
+
+    def shutdown(self, timeout_s: float = 15.0) -> None:
+        self._stop(list(self.instances), timeout_s)

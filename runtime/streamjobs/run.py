@@ -20,7 +20,7 @@ from .live import LiveView, latency_samples, percentiles
 from .local import LocalRuntime
 from .redis_server import RedisServer
 
-DRAIN_TIMEOUT_S = 90.0
+DRAIN_TIMEOUT_S = 240.0
 
 def run_job(
     job: StreamJob,
@@ -44,7 +44,7 @@ def run_job(
         logs = Path(log_dir or tempfile.mkdtemp(prefix=f"streamjobs-{job.metadata.name}-"))
         runtime = LocalRuntime(job, redis_url, logs)
         stack.callback(runtime.shutdown)
-        console.print(f"starting {job.metadata.name}: workers log to {logs}")
+        console.print(f"starting {job.metadata.name} on {redis_url}: workers log to {logs}")
         runtime.start()
         started = time.monotonic()
         view = LiveView(runtime.r, runtime.plan)
@@ -63,6 +63,7 @@ def run_job(
             "sinks": reporting.sink_counts(runtime.r, runtime.plan),
             "latency_ms": percentiles(latency_samples(runtime.r, runtime.keys)),
             "dead_letters": int(runtime.r.xlen(runtime.keys.dead_letter)),
+            "rescales": [json.loads(x) for x in runtime.r.lrange(runtime.keys.rescale_history, 0, -1)],
         }
         runtime.shutdown()
         if verify:
@@ -81,6 +82,9 @@ def _run_live(runtime, view, console, duration_s, during, started) -> bool:
             while deadline is None or time.monotonic() < deadline:
                 for what in runtime.supervise():
                     console.print(f"restarted {what}")
+                for record in runtime.handle_requests():
+                    console.print(f"rescaled {record['operator']} {record['from']} -> {record['to']} "
+                                  f"({record['strategy']}): pause {record['pause_ms']:.0f} ms")
                 if during is not None:
                     during(runtime, time.monotonic() - started)
                 if runtime.drained():

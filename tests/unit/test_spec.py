@@ -109,8 +109,7 @@ def test_minimal_document_parses_with_defaults() -> None:
     assert spec.batching.target_batch_ms == 1000
     assert spec.autoscaler.policy == "off"
     assert spec.autoscaler.target_utilization == 0.7
-    assert spec.rescale.strategy == "batched"
-    assert spec.rescale.batch_key_groups == 8
+    assert spec.rescale.strategy == "all_at_once"
     assert spec.rescale.assignment == "ranges"
     assert spec.redis.url is None
     assert spec.redis.cluster is False

@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
+import itertools
+
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from streamjobs_worker.state import KeyGroupStore, pack, unpack
+from streamjobs_worker.state import KeyGroupStore, open_store, pack, unpack
 
 pytestmark = pytest.mark.unit
+
+
+@pytest.fixture(params=["memory", "rocksdb"])
+def make_store(request, tmp_path):
+    """The same store tests over every backend, as quix-streams parametrises its state tests."""
+    counter = itertools.count()
+    return lambda key_groups: open_store(request.param, key_groups, str(tmp_path / f"state-{next(counter)}"))
 
 
 def contents(store: KeyGroupStore) -> dict[int, dict[Any, Any]]:
@@ -20,14 +29,14 @@ def contents(store: KeyGroupStore) -> dict[int, dict[Any, Any]]:
 # --- put / get / delete -----------------------------------------------------------------
 
 
-def test_key_groups_are_those_given() -> None:
-    assert KeyGroupStore([3, 1, 2]).key_groups == (3, 1, 2)
-    assert KeyGroupStore(range(0)).key_groups == ()
-    assert KeyGroupStore(iter([5])).key_groups == (5,)
+def test_key_groups_are_those_given(make_store) -> None:
+    assert make_store([3, 1, 2]).key_groups == (3, 1, 2)
+    assert make_store(range(0)).key_groups == ()
+    assert make_store(iter([5])).key_groups == (5,)
 
 
-def test_put_and_get() -> None:
-    store = KeyGroupStore([0, 1])
+def test_put_and_get(make_store) -> None:
+    store = make_store([0, 1])
     assert store.get(0, "a") is None
     assert store.get(0, "a", default=0) == 0
     store.put(0, "a", 1)
@@ -39,8 +48,8 @@ def test_put_and_get() -> None:
     assert dict(store.items(0)) == {"a": 2, ("w", 1000): (3, 4.5)}
 
 
-def test_key_groups_are_separate() -> None:
-    store = KeyGroupStore([0, 1])
+def test_key_groups_are_separate(make_store) -> None:
+    store = make_store([0, 1])
     store.put(0, "k", "zero")
     store.put(1, "k", "one")
     assert (store.get(0, "k"), store.get(1, "k")) == ("zero", "one")
@@ -50,8 +59,8 @@ def test_key_groups_are_separate() -> None:
     assert store.drain_changes() == {0: [("k", None)], 1: [("k", "one")]}
 
 
-def test_key_groups_not_owned_are_refused() -> None:
-    store = KeyGroupStore([0, 1])
+def test_key_groups_not_owned_are_refused(make_store) -> None:
+    store = make_store([0, 1])
     with pytest.raises(KeyError):
         store.put(2, "a", 1)
     with pytest.raises(KeyError):
@@ -64,8 +73,8 @@ def test_key_groups_not_owned_are_refused() -> None:
     assert store.drain_changes() == {}
 
 
-def test_delete_removes_the_key() -> None:
-    store = KeyGroupStore([0])
+def test_delete_removes_the_key(make_store) -> None:
+    store = make_store([0])
     store.put(0, "a", 1)
     store.put(0, "b", 2)
     store.delete(0, "a")
@@ -76,8 +85,8 @@ def test_delete_removes_the_key() -> None:
 # --- the changelog ------------------------------------------------------------------------
 
 
-def test_changes_are_drained_once() -> None:
-    store = KeyGroupStore([0, 1, 2])
+def test_changes_are_drained_once(make_store) -> None:
+    store = make_store([0, 1, 2])
     store.put(0, "a", 1)
     store.put(2, "b", 2)
     assert store.drain_changes() == {0: [("a", 1)], 2: [("b", 2)]}
@@ -86,8 +95,8 @@ def test_changes_are_drained_once() -> None:
     assert contents(store) == {0: {"a": 1}, 1: {}, 2: {"b": 2}}
 
 
-def test_only_the_last_value_of_a_key_is_recorded() -> None:
-    store = KeyGroupStore([0])
+def test_only_the_last_value_of_a_key_is_recorded(make_store) -> None:
+    store = make_store([0])
     store.put(0, "a", 1)
     store.put(0, "b", 1)
     store.put(0, "a", 2)
@@ -95,16 +104,16 @@ def test_only_the_last_value_of_a_key_is_recorded() -> None:
     assert store.drain_changes() == {0: [("a", 3), ("b", 1)]}
 
 
-def test_changes_after_a_drain_are_recorded_again() -> None:
-    store = KeyGroupStore([0])
+def test_changes_after_a_drain_are_recorded_again(make_store) -> None:
+    store = make_store([0])
     store.put(0, "a", 1)
     store.drain_changes()
     store.put(0, "a", 1)  # same value: still a change to record
     assert store.drain_changes() == {0: [("a", 1)]}
 
 
-def test_delete_of_a_missing_key_records_nothing() -> None:
-    store = KeyGroupStore([0, 1])
+def test_delete_of_a_missing_key_records_nothing(make_store) -> None:
+    store = make_store([0, 1])
     store.delete(0, "never")
     assert store.drain_changes() == {}
     store.put(1, "other-kg", 1)
@@ -113,8 +122,8 @@ def test_delete_of_a_missing_key_records_nothing() -> None:
     assert store.drain_changes() == {}
 
 
-def test_delete_of_a_drained_key_records_the_deletion() -> None:
-    store = KeyGroupStore([0])
+def test_delete_of_a_drained_key_records_the_deletion(make_store) -> None:
+    store = make_store([0])
     store.put(0, "a", 1)
     store.drain_changes()
     store.delete(0, "a")
@@ -124,16 +133,16 @@ def test_delete_of_a_drained_key_records_the_deletion() -> None:
     assert store.drain_changes() == {}
 
 
-def test_delete_after_put_within_one_drain_records_the_deletion() -> None:
-    store = KeyGroupStore([0])
+def test_delete_after_put_within_one_drain_records_the_deletion(make_store) -> None:
+    store = make_store([0])
     store.put(0, "a", 1)
     store.delete(0, "a")
     assert store.drain_changes() == {0: [("a", None)]}
     assert store.get(0, "a") is None
 
 
-def test_put_after_delete_within_one_drain_records_the_value() -> None:
-    store = KeyGroupStore([0])
+def test_put_after_delete_within_one_drain_records_the_value(make_store) -> None:
+    store = make_store([0])
     store.put(0, "a", 1)
     store.drain_changes()
     store.delete(0, "a")
@@ -141,8 +150,8 @@ def test_put_after_delete_within_one_drain_records_the_value() -> None:
     assert store.drain_changes() == {0: [("a", 2)]}
 
 
-def test_delete_twice_after_put_still_records_one_deletion() -> None:
-    store = KeyGroupStore([0])
+def test_delete_twice_after_put_still_records_one_deletion(make_store) -> None:
+    store = make_store([0])
     store.put(0, "a", 1)
     store.delete(0, "a")
     store.delete(0, "a")
@@ -152,8 +161,8 @@ def test_delete_twice_after_put_still_records_one_deletion() -> None:
 # --- apply and load ----------------------------------------------------------------------
 
 
-def test_apply_replays_without_recording() -> None:
-    store = KeyGroupStore([0, 1])
+def test_apply_replays_without_recording(make_store) -> None:
+    store = make_store([0, 1])
     store.put(0, "keep", 1)
     store.put(0, "drop", 2)
     store.drain_changes()
@@ -163,15 +172,15 @@ def test_apply_replays_without_recording() -> None:
     assert dict(store.items(1)) == {}
 
 
-def test_apply_leaves_pending_changes_alone() -> None:
-    store = KeyGroupStore([0])
+def test_apply_leaves_pending_changes_alone(make_store) -> None:
+    store = make_store([0])
     store.put(0, "mine", 1)
     store.apply(0, [("replayed", 2)])
     assert store.drain_changes() == {0: [("mine", 1)]}
 
 
-def test_load_replaces_a_key_group_without_recording() -> None:
-    store = KeyGroupStore([0, 1])
+def test_load_replaces_a_key_group_without_recording(make_store) -> None:
+    store = make_store([0, 1])
     store.put(0, "old", 1)
     store.put(1, "other", 1)
     store.drain_changes()
@@ -182,16 +191,16 @@ def test_load_replaces_a_key_group_without_recording() -> None:
     assert store.drain_changes() == {}
 
 
-def test_load_copies_the_items() -> None:
-    store = KeyGroupStore([0])
+def test_load_copies_the_items(make_store) -> None:
+    store = make_store([0])
     source = {"a": 1}
     store.load(0, source.items())
     source["b"] = 2
     assert dict(store.items(0)) == {"a": 1}
 
 
-def test_load_of_a_new_key_group_takes_it_over() -> None:
-    store = KeyGroupStore([0])
+def test_load_of_a_new_key_group_takes_it_over(make_store) -> None:
+    store = make_store([0])
     store.load(7, [("a", 1)])
     assert store.key_groups == (0, 7)
     store.put(7, "b", 2)
@@ -230,14 +239,14 @@ def test_maps_with_tuple_and_int_keys_round_trip() -> None:
     assert unpack(pack(value)) == {("w", 1000): (1, 2.5), 7: "seven", "s": {"nested": (1,)}}
 
 
-def test_changelog_round_trip_replays_into_another_store() -> None:
+def test_changelog_round_trip_replays_into_another_store(make_store) -> None:
     """As recovery does: pack the drained changes, unpack and apply them elsewhere."""
-    live = KeyGroupStore([0, 1])
+    live = make_store([0, 1])
     live.put(0, ("w", 1000), (1, 2))
     live.put(1, ("w", 2000), (3, 4))
     live.put(1, 42, ("n",))
     live.delete(1, 42)
-    recovered = KeyGroupStore([0, 1])
+    recovered = make_store([0, 1])
     for kg, changes in live.drain_changes().items():
         recovered.apply(kg, unpack(pack(changes)))
     assert contents(recovered) == contents(live)
@@ -245,13 +254,13 @@ def test_changelog_round_trip_replays_into_another_store() -> None:
     assert recovered.drain_changes() == {}
 
 
-def test_snapshot_round_trip_restores_tuple_keys() -> None:
+def test_snapshot_round_trip_restores_tuple_keys(make_store) -> None:
     """As recovery does: pack [last id, items], unpack and load them."""
-    live = KeyGroupStore([5])
+    live = make_store([5])
     live.put(5, ("w", 0), (1,))
     live.put(5, "plain", (2,))
     last_id, items = unpack(pack([b"1-0", list(live.items(5))]))
-    restored = KeyGroupStore([5])
+    restored = make_store([5])
     restored.load(5, items)
     assert last_id == b"1-0"
     assert restored.get(5, ("w", 0)) == (1,)
@@ -272,11 +281,11 @@ OPS = st.lists(
 )
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(OPS)
-def test_replaying_the_changelog_reproduces_the_state(ops: list[tuple]) -> None:
-    live = KeyGroupStore([0, 1, 2])
-    replica = KeyGroupStore([0, 1, 2])
+def test_replaying_the_changelog_reproduces_the_state(make_store, ops: list[tuple]) -> None:
+    live = make_store([0, 1, 2])
+    replica = make_store([0, 1, 2])
     model: dict[int, dict[Any, Any]] = {0: {}, 1: {}, 2: {}}
     changed: dict[int, set[Any]] = {0: set(), 1: set(), 2: set()}
 

@@ -11,9 +11,10 @@ import threading
 
 from streamjobs_core.connect import connect
 from streamjobs_core.layout import JobKeys
-from streamjobs_core.plan import JobPlan
+from streamjobs_core.plan import JobPlan, read_assignment
 
-from .worker import Worker
+from . import spark
+from .worker import SPARK_OPERATOR_TYPES, Worker
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,6 +24,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--operator", required=True)
     parser.add_argument("--instance", type=int, default=int(os.environ.get("STREAMJOBS_INSTANCE", "0")))
     parser.add_argument("--metrics-host", default=os.environ.get("STREAMJOBS_METRICS_HOST", "127.0.0.1"))
+    parser.add_argument(
+        "--await-epoch", type=int, default=None,
+        help="start as a standby: warm up Spark, then wait until the operator's assignment reaches this epoch",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
@@ -31,8 +36,23 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
+    if args.await_epoch is not None and not standby(r, plan, args.operator, args.instance, args.await_epoch, stop):
+        return 0
     Worker(r, plan, args.operator, args.instance, args.metrics_host).run(stop)
     return 0
+
+
+def standby(r, plan: JobPlan, op: str, instance: int, epoch: int, stop: threading.Event) -> bool:
+    """Pay the SparkSession start before the rescale needs this instance; return when it may run."""
+    if plan.spec.operator(op).type in SPARK_OPERATOR_TYPES:
+        spark.session()
+    keys = plan.keys
+    r.hset(keys.standby(op), str(instance), epoch)
+    while not stop.wait(0.05):
+        assignment = read_assignment(r, keys, op)
+        if assignment is not None and assignment.epoch >= epoch:
+            return True
+    return False
 
 
 if __name__ == "__main__":

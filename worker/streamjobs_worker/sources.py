@@ -33,6 +33,7 @@ class GeneratorSource:
         self._count = plan.key_groups(op)
         self._partitions = partitions
         self._next = {p: 0 for p in partitions}
+        self._moved: set[int] = set()
         self._stopped = False
 
     def restore(self) -> None:
@@ -54,6 +55,7 @@ class GeneratorSource:
                 if end > self._next[p]:
                     parts.append(generators.global_indices(p, self._count, self._next[p], end))
                     self._next[p] = end
+                    self._moved.add(p)
         table = None
         if parts:
             table = with_ingest_time(
@@ -71,7 +73,9 @@ class GeneratorSource:
         return generators.watermark(self._spec, self._plan.t0_ms, behind)
 
     def stage(self, txn: Transaction) -> None:
-        txn.hset(self._plan.keys.offsets(self._op), {f"p{p}": n for p, n in self._next.items()})
+        if self._moved:
+            txn.hset(self._plan.keys.offsets(self._op), {f"p{p}": self._next[p] for p in self._moved})
+            self._moved.clear()
 
     @property
     def finished(self) -> bool:

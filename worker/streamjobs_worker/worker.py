@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import tempfile
 import threading
 import time
 
@@ -28,7 +30,7 @@ from .outputs import OutputRouter
 from .sinks import make_sink
 from .sources import make_source
 from .stages import make_stage
-from .state import KeyGroupStore
+from .state import open_store
 from .transaction import Checkpoint, Transaction
 
 log = logging.getLogger(__name__)
@@ -36,6 +38,8 @@ log = logging.getLogger(__name__)
 _LAG_EVERY_S = 1.0
 _LATENCY_SAMPLES = 200
 _MAX_ENTRIES_PER_STREAM = 4096
+_SOURCE_TICK_S = 0.05
+SPARK_OPERATOR_TYPES = ("sql", "pyspark", "window_aggregate", "stateful", "parquet")
 
 
 class Worker:
@@ -55,7 +59,9 @@ class Worker:
         self.metrics.assignment_epoch.set(assignment.epoch)
         self.is_source = self.spec in plan.spec.sources
         self.is_sink = self.spec in plan.spec.sinks
-        self.store = KeyGroupStore(self.owned)
+        state = plan.spec.state
+        directory = os.path.join(state.directory or tempfile.gettempdir(), f"streamjobs-{plan.name}-{op}-{instance}")
+        self.store = open_store(state.backend, self.owned, directory)
         self.source = make_source(r, plan, op, self.owned) if self.is_source else None
         self.reader = None if self.is_source else InputReader(r, plan, op, self.owned)
         self.stage = None
@@ -78,6 +84,8 @@ class Worker:
         self._last_lag = 0.0
         self._stop_requested = False
         self._last_control = 0.0
+        self._last_backpressure_check = 0.0
+        self._over_bound = False
 
     # --- lifecycle -----------------------------------------------------------
 
@@ -99,13 +107,19 @@ class Worker:
     # --- one micro-batch -----------------------------------------------------
 
     def step(self) -> None:
+        if self._backpressured():
+            pause = _SOURCE_TICK_S
+            time.sleep(pause)
+            self.metrics.backpressured_seconds.inc(pause)
+            return
         started = time.monotonic()
         txn = Transaction()
         if self.source is not None:
             records, output, watermark = self._poll_source(txn)
+            full = False
         else:
             batch = self.reader.read(self._entries_per_stream, self.plan.spec.batching.max_wait_ms)
-            records = batch.records
+            records, full = batch.records, batch.full
             self._dead_letter(batch, txn)
             watermark = self.reader.watermark
             output, watermark = self._process(batch, watermark, txn)
@@ -133,8 +147,25 @@ class Worker:
             self.metrics.batch_duration.observe(elapsed)
         else:
             self.metrics.idle_seconds.inc(elapsed)
-        self._adapt(records, elapsed)
+        self._adapt(records, elapsed, full)
         self._report_lag()
+
+    def _backpressured(self) -> bool:
+        """Whether an output edge holds more unconsumed records than the bound (checked every 0.2 s)."""
+        if self.router is None or self._done:
+            return False
+        now = time.monotonic()
+        if now - self._last_backpressure_check >= 0.2:
+            self._last_backpressure_check = now
+            keys = self.plan.keys
+            pipe = self.r.pipeline(transaction=False)
+            for edge in self.plan.edges_out(self.op):
+                pipe.hvals(keys.produced(edge.upstream, edge.downstream))
+                pipe.hvals(keys.consumed(edge.upstream, edge.downstream))
+            totals = [sum(int(v) for v in values) for values in pipe.execute()]
+            lag = max(produced - consumed for produced, consumed in zip(totals[::2], totals[1::2]))
+            self._over_bound = lag > self.plan.spec.batching.max_lag_records
+        return self._over_bound
 
     def _poll_source(self, txn: Transaction):
         now = time.time()
@@ -147,8 +178,9 @@ class Worker:
             self._dead_letter_one(txn, stream, entry_id, error, json.dumps(record))
         if getattr(self.source, "bad", None):
             self.source.bad.clear()
-        if table is None:
-            time.sleep(0.02)
+        if self._source_budget > (table.num_rows if table is not None else 0):
+            # Not behind: gather a tick's worth of records per commit rather than a few per loop.
+            time.sleep(max(0.0, _SOURCE_TICK_S - (time.time() - now)))
         return (table.num_rows if table is not None else 0), table, watermark
 
     def _process(self, batch: InputBatch, watermark: int, txn: Transaction):
@@ -198,7 +230,7 @@ class Worker:
         self._unsnapshotted.clear()
         self.metrics.state_bytes.set(sum(self._snapshot_sizes.values()))
 
-    def _adapt(self, records: int, elapsed: float) -> None:
+    def _adapt(self, records: int, elapsed: float, full: bool) -> None:
         target = self.plan.spec.batching.target_batch_ms / 1000
         if self.source is not None:
             limit = self.plan.spec.batching.max_records
@@ -207,9 +239,12 @@ class Worker:
             elif elapsed > 2 * target:
                 self._source_budget = max(self.plan.spec.batching.min_records, self._source_budget // 2)
             return
-        if records and elapsed < target:
+        # Under backlog a bigger batch costs little more than a small one (Spark's
+        # fixed cost dominates), so grow while the batch stays within a few
+        # targets; shrink only when a batch is both long and over maxRecords.
+        if full and elapsed < 3 * target:
             self._entries_per_stream = min(_MAX_ENTRIES_PER_STREAM, self._entries_per_stream * 2)
-        elif elapsed > 2 * target:
+        elif elapsed > 3 * target and records > self.plan.spec.batching.max_records:
             self._entries_per_stream = max(1, self._entries_per_stream // 2)
 
     def _report_lag(self) -> None:

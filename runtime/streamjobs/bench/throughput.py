@@ -1,0 +1,156 @@
+"""`streamjobs bench throughput`: a keyed windowed count at saturation, ours vs Spark Structured Streaming.
+
+Ours: the input is first written to the kg streams by a real source worker
+(generation is not part of the measurement); then one window_aggregate worker,
+run in this process on a one-core SparkSession, consumes the whole backlog
+through its normal read -> Spark -> merge -> commit loop. The peer is the same
+keyed tumbling-window count in Spark Structured Streaming on its rate source,
+on the same one-core session, writing to the noop sink. Both rates are
+records per second of wall time over the measured stretch, warm-up excluded.
+Latency is measured separately on the local runtime at half the measured
+saturation rate for a three-stage job (NEXMark Q5).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import redis
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from streamjobs_core.loading import parse_job
+from streamjobs_core.plan import JobPlan, write_assignment
+from streamjobs_worker.worker import Worker
+
+from ..redis_server import RedisServer
+
+VOCABULARY = 1000
+
+
+def _count_job(records: int) -> JobPlan:
+    job = parse_job({
+        "apiVersion": "streamjobs.dev/v1alpha1", "kind": "StreamJob", "metadata": {"name": "bench-throughput"},
+        "spec": {
+            "sources": [{"name": "words", "type": "zipf", "vocabulary": VOCABULARY, "totalRecords": records,
+                         "rate": {"recordsPerSecond": 1e9}}],
+            "stages": [{"name": "count", "type": "window_aggregate", "inputs": ["words"], "keyBy": "word",
+                        "window": {"sizeMs": 1000}, "aggregations": [{"function": "count", "as": "n"}]}],
+            "sinks": [{"name": "out", "type": "redis_stream", "inputs": ["count"]}],
+            "batching": {"maxRecords": 500_000},
+        },
+    })
+    return JobPlan(job, int(time.time() * 1000))
+
+
+def _prefill(r: redis.Redis, plan: JobPlan) -> int:
+    """Write the whole input with a real source worker; return Redis bytes used per record."""
+    for op in plan.spec.operators:
+        write_assignment(r, plan.keys, op.name, plan.initial_assignment(op.name))
+    before = r.info("memory")["used_memory"]
+    source = Worker(r, plan, "words", 0)
+    source.restore()
+    while not source.source.finished:
+        source.step()
+    records = plan.spec.sources[0].total_records
+    return (r.info("memory")["used_memory"] - before) / records
+
+
+def measure_ours(r: redis.Redis, plan: JobPlan) -> dict:
+    bytes_per_record = _prefill(r, plan)
+    records = plan.spec.sources[0].total_records
+    stage = Worker(r, plan, "count", 0)
+    stage.restore()
+    stage.step()  # first batch pays one-off costs
+    consumed_key = plan.keys.consumed("words", "count")
+    start_count = sum(int(v) for v in r.hvals(consumed_key))
+    started = time.monotonic()
+    while sum(int(v) for v in r.hvals(consumed_key)) < records:
+        stage.step()
+    elapsed = time.monotonic() - started
+    return {
+        "ours_records_per_s": (records - start_count) / elapsed,
+        "ours_measured_records": records - start_count,
+        "ours_measured_s": elapsed,
+        "redis_bytes_per_record": bytes_per_record,
+    }
+
+
+def measure_peer(spark: SparkSession, rows_per_batch: int, batches: int) -> dict:
+    stream = (
+        spark.readStream.format("rate-micro-batch").option("rowsPerBatch", rows_per_batch)
+        .option("numPartitions", 1).option("advanceMillisPerBatch", 1000).load()
+    )
+    counts = (
+        stream.select(F.concat(F.lit("w"), (F.col("value") % VOCABULARY).cast("string")).alias("word"), "timestamp")
+        .withWatermark("timestamp", "0 seconds")
+        .groupBy(F.window("timestamp", "1 second"), "word").count()
+    )
+    query = counts.writeStream.format("noop").outputMode("append").trigger(processingTime="0 seconds").start()
+    done = threading.Event()
+    try:
+        while len(query.recentProgress) < batches + 2 and not done.wait(0.5):
+            if query.exception() is not None:
+                raise RuntimeError(f"peer query failed: {query.exception()}")
+    finally:
+        query.stop()
+    progress = [p for p in query.recentProgress if p["numInputRows"]][2:]  # skip warm-up batches
+    rows = sum(p["numInputRows"] for p in progress)
+    seconds = sum(p["durationMs"]["triggerExecution"] for p in progress) / 1000
+    return {"peer_records_per_s": rows / seconds, "peer_measured_records": rows, "peer_measured_s": seconds}
+
+
+def _q5_job(rate: float) -> dict:
+    return {
+        "apiVersion": "streamjobs.dev/v1alpha1", "kind": "StreamJob", "metadata": {"name": "bench-latency"},
+        "spec": {
+            "sources": [{"name": "events", "type": "nexmark", "activeAuctions": 200, "outOfOrderMs": 100,
+                         "rate": {"recordsPerSecond": rate}}],
+            "stages": [
+                {"name": "bids-per-auction", "type": "window_aggregate", "inputs": ["events"],
+                 "where": "event_type = 2", "keyBy": "bid_auction",
+                 "window": {"type": "sliding", "sizeMs": 4000, "slideMs": 1000},
+                 "aggregations": [{"function": "count", "as": "bids"}]},
+                {"name": "by-window", "type": "sql", "inputs": ["bids-per-auction"],
+                 "query": "SELECT window_end AS slide_end, bids, event_time, _ingest_ms FROM input"},
+                {"name": "hottest", "type": "window_aggregate", "inputs": ["by-window"], "keyBy": "slide_end",
+                 "window": {"sizeMs": 1000}, "aggregations": [{"function": "max", "column": "bids", "as": "max_bids"}]},
+            ],
+            "sinks": [{"name": "hot-items", "type": "redis_stream", "inputs": ["hottest"]}],
+        },
+    }
+
+
+def measure_latency(rate: float, duration_s: float) -> dict:
+    """Three stages (window, sql, window) on the local runtime at the given rate; e2e latency from the sinks."""
+    from rich.console import Console
+
+    from ..run import run_job
+
+    report = run_job(parse_job(_q5_job(rate)), duration_s, console=Console(quiet=True))
+    latency = report["latency_ms"]
+    verification = report["verification"]
+    return {
+        "latency_rate_records_per_s": rate,
+        "p50_latency_ms": latency["p50_ms"],
+        "p99_latency_ms": latency["p99_ms"],
+        "latency_run_correct": verification["correct"],
+        "latency_run_lost": verification["lost"],
+        "latency_run_duplicated": verification["duplicated"],
+    }
+
+
+def run(quick: bool) -> dict:
+    from streamjobs_worker import spark as worker_spark
+
+    records = 600_000 if quick else 3_000_000
+    with RedisServer() as server:
+        r = redis.Redis.from_url(server.url)
+        spark = worker_spark.session("local[1]", "2g")
+        ours = measure_ours(r, _count_job(records))
+    peer = measure_peer(spark, rows_per_batch=200_000, batches=4 if quick else 12)
+    result = {"cores": 1, "records": records, **ours, **peer}
+    result["ratio"] = result["ours_records_per_s"] / result["peer_records_per_s"]
+    result.update(measure_latency(result["ours_records_per_s"] / 2, 30 if quick else 90))
+    return result

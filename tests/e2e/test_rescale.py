@@ -1,0 +1,61 @@
+"""Rescaling a running job: the other operators keep going, the result stays exact."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from .conftest import ROOT, assert_exact
+
+
+def rescaler(plan: list[tuple[float, str, int, str]]):
+    """Run each rescale `delay` seconds after the previous one finished (a rescale blocks the loop)."""
+    pending = list(plan)
+    records: list[dict] = []
+    last = [0.0]
+
+    def during(runtime, elapsed: float) -> None:
+        if pending and elapsed - last[0] >= pending[0][0]:
+            _, op, parallelism, strategy = pending.pop(0)
+            records.append(runtime.rescale(op, parallelism, strategy))
+            last[0] = elapsed + records[-1]["rescale_s"]
+
+    during.records = records
+    return during
+
+
+@pytest.mark.parametrize("strategy,targets", [("all_at_once", [1, 2]), ("restart", [3])], ids=["all_at_once", "restart"])
+def test_scale_in_and_out_of_a_window_stage_is_exact(run, strategy, targets):
+    during = rescaler([(5, "count", to, strategy) for to in targets])
+    report = run("examples/wordcount.yaml", 60, during=during)
+    expected = list(zip([2, *targets], targets))
+    assert [(r["from"], r["to"]) for r in during.records] == expected
+    assert all(r["moved_key_groups"] > 0 for r in during.records)
+    assert [(r["from"], r["to"], r["strategy"]) for r in report["rescales"]] == [(a, b, strategy) for a, b in expected]
+    assert_exact(report)
+
+
+def test_cli_rescale_reaches_the_running_job(redis_server, run):
+    done: list[subprocess.CompletedProcess] = []
+
+    def during(runtime, elapsed: float) -> None:
+        if elapsed > 4 and not done:
+            done.append(subprocess.run(
+                [sys.executable, "-m", "streamjobs.cli", "rescale", "--job", "new-bidders", "--operator", "first-bid",
+                 "--parallelism", "3", "--redis-url", redis_server.url, "--wait", "1"],
+                cwd=ROOT, capture_output=True, text=True, timeout=60,
+            ))
+            runtime.handle_requests()
+
+    report = run("tests/jobs/new-bidders.yaml", 14, during=during)
+    assert report["rescales"][0]["to"] == 3 and report["rescales"][0]["operator"] == "first-bid"
+    assert_exact(report)
+    status = subprocess.run(
+        [sys.executable, "-m", "streamjobs.cli", "rescale", "--job", "new-bidders", "--operator", "nope",
+         "--parallelism", "2", "--redis-url", redis_server.url], cwd=ROOT, capture_output=True, text=True,
+    )
+    assert status.returncode == 2 and "--operator: no operator 'nope'" in status.stderr
+    assert json.loads(json.dumps(report["rescales"]))
