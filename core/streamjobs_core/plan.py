@@ -9,6 +9,7 @@ from .keygroups import Assignment
 from .layout import JobKeys
 from .spec import StreamJob
 
+
 @dataclass(frozen=True)
 class Edge:
     upstream: str

@@ -8,7 +8,7 @@ Field names are camelCase, as Kubernetes users expect them in YAML.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
@@ -128,7 +128,7 @@ class RedisStreamSource(_Operator):
     out_of_order_ms: int = Field(0, ge=0, le=60_000)
 
 
-Source = Annotated[Union[NexmarkSource, ZipfSource, RedisStreamSource], Field(discriminator="type")]
+Source = Annotated[NexmarkSource | ZipfSource | RedisStreamSource, Field(discriminator="type")]
 
 
 # --- stages ----------------------------------------------------------------
@@ -236,7 +236,7 @@ class StatefulStage(_Stage):
 
 
 Stage = Annotated[
-    Union[SqlStage, PySparkStage, WindowAggregateStage, StatefulStage], Field(discriminator="type")
+    SqlStage | PySparkStage | WindowAggregateStage | StatefulStage, Field(discriminator="type")
 ]
 
 
@@ -265,7 +265,7 @@ class ConsoleSink(_Sink):
     type: Literal["console"]
 
 
-Sink = Annotated[Union[RedisStreamSink, ParquetSink, ConsoleSink], Field(discriminator="type")]
+Sink = Annotated[RedisStreamSink | ParquetSink | ConsoleSink, Field(discriminator="type")]
 
 
 # --- job-wide settings -----------------------------------------------------

@@ -39,29 +39,8 @@ def _run(args) -> int:
     return 1 if verification.get("correct") is False else 0
 
 
-def _status(args) -> int:
-    from streamjobs_core.connect import connect
-    from streamjobs_core.layout import JobKeys
-    from streamjobs_core.plan import JobPlan, read_assignment
-
-    r = connect(args.redis_url)
-    keys = JobKeys(args.job)
-    raw = r.get(keys.plan)
-    if raw is None:
-        print(f"no job '{args.job}' in {args.redis_url}", file=sys.stderr)
-        return 1
-    plan = JobPlan.from_json(raw)
-    out = {}
-    for op in plan.spec.operators:
-        assignment = read_assignment(r, keys, op.name)
-        out[op.name] = {"parallelism": assignment.parallelism, "epoch": assignment.epoch} if assignment else None
-    print(json.dumps({"job": args.job, "operators": out}, indent=2))
-    return 0
-
-
-def _rescale(args) -> int:
-    import time
-
+def _running_job(args):
+    """(client, keys, plan) of the job named by --job in --redis-url, or None after saying why."""
     from streamjobs_core.connect import connect
     from streamjobs_core.layout import JobKeys
     from streamjobs_core.plan import JobPlan
@@ -70,9 +49,36 @@ def _rescale(args) -> int:
     keys = JobKeys(args.job)
     raw = r.get(keys.plan)
     if raw is None:
-        print(f"no job '{args.job}' in {args.redis_url}", file=sys.stderr)
+        print(f"--job: no job '{args.job}' in {args.redis_url}", file=sys.stderr)
+        return None
+    return r, keys, JobPlan.from_json(raw)
+
+
+def _status(args) -> int:
+    from streamjobs_core.plan import read_assignment
+
+    found = _running_job(args)
+    if found is None:
         return 1
-    spec = JobPlan.from_json(raw).spec
+    r, keys, plan = found
+    out = {}
+    for op in plan.spec.operators:
+        assignment = read_assignment(r, keys, op.name)
+        out[op.name] = {"parallelism": assignment.parallelism, "epoch": assignment.epoch} if assignment else None
+    pending = [json.loads(x) for x in r.lrange(keys.rescale_requests, 0, -1)]
+    history = [json.loads(x) for x in r.lrange(keys.rescale_history, 0, -1)]
+    print(json.dumps({"job": args.job, "operators": out, "rescales_pending": pending, "rescales": history}, indent=2))
+    return 0
+
+
+def _rescale(args) -> int:
+    import time
+
+    found = _running_job(args)
+    if found is None:
+        return 1
+    r, keys, plan = found
+    spec = plan.spec
     names = [op.name for op in spec.operators]
     if args.operator not in names:
         print(f"--operator: no operator '{args.operator}' (operators: {', '.join(names)})", file=sys.stderr)

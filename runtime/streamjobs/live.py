@@ -8,7 +8,6 @@ import msgpack
 import numpy as np
 import redis
 from rich.table import Table
-
 from streamjobs_core.layout import JobKeys
 from streamjobs_core.plan import JobPlan
 

@@ -17,7 +17,6 @@ import numpy as np
 import redis
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-
 from streamjobs_core import generators
 from streamjobs_core.plan import JobPlan
 from streamjobs_worker.stages import load_function, view_name
@@ -112,7 +111,7 @@ def actual_output(spark: SparkSession, r: redis.Redis, plan: JobPlan, sink: str)
             chunk = r.xrange(plan.keys.output_stream(sink), min=last, count=10_000)
             if not chunk:
                 return rows
-            for entry_id, fields in chunk:
+            for _, fields in chunk:
                 rows.append({k.decode(): v.decode() for k, v in fields.items()})
             last = "(" + chunk[-1][0].decode()
     if spec.type == "parquet":
@@ -142,7 +141,7 @@ def verify(spark: SparkSession, r: redis.Redis, plan: JobPlan) -> dict:
         result["sinks"][sink.name] = {
             "expected": sum(want.values()), "actual": sum(got.values()),
             "lost": lost, "duplicated": duplicated, "unexpected": unexpected,
-            "examples_lost": [list(r) for r in list((want - got))[:3]],
+            "examples_lost": [list(r) for r in list(want - got)[:3]],
             "examples_unexpected": [list(r) for r in list(extra)[:3]],
         }
         result["lost"] += lost

@@ -5,14 +5,12 @@ from __future__ import annotations
 import contextlib
 import json
 import signal
-
 import tempfile
 import time
 from pathlib import Path
 
 from rich.console import Console
 from rich.live import Live
-
 from streamjobs_core.spec import StreamJob
 
 from . import report as reporting

@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 
 import redis
 from prometheus_client.parser import text_string_to_metric_families
-
 from streamjobs_core.layout import JobKeys
 
 

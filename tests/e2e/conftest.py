@@ -4,7 +4,6 @@ from pathlib import Path
 
 import pytest
 from rich.console import Console
-
 from streamjobs_core.loading import load_job
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,7 +8,6 @@ import time
 import pytest
 import redis
 from rich.console import Console
-
 from streamjobs.redis_server import RedisServer, free_port
 from streamjobs.run import run_job
 from streamjobs_core.connect import connect

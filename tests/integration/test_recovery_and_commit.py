@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from streamjobs_core.layout import JobKeys
 from streamjobs_worker import recovery
 from streamjobs_worker.state import KeyGroupStore

@@ -7,7 +7,6 @@ from collections import defaultdict
 import numpy as np
 import pyarrow as pa
 import pytest
-
 from streamjobs_core.generators import MAX_WATERMARK
 from streamjobs_core.spec import WindowAggregateStage
 from streamjobs_worker.inputs import InputBatch

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-
 from streamjobs_core.keygroups import Assignment, moves
 
 pytestmark = pytest.mark.unit

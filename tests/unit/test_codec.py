@@ -10,7 +10,6 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from streamjobs_core.codec import DecodeError, Entry, decode, decode_table, encode, encode_table
 
 pytestmark = pytest.mark.unit

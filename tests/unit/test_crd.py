@@ -12,7 +12,6 @@ from typing import Annotated, Any, Literal, get_args
 import pytest
 import yaml
 from pydantic import BaseModel, Field, ValidationError
-
 from streamjobs_core.crd import crd_manifest, crd_yaml, structural_schema
 from streamjobs_core.spec import API_VERSION, Sink, Source, Stage, StreamJob
 

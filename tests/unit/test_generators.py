@@ -7,7 +7,6 @@ import math
 import numpy as np
 import pyarrow as pa
 import pytest
-
 from streamjobs_core import generators as gen
 from streamjobs_core.rates import RateCurve
 from streamjobs_core.spec import NexmarkSource, RateProfile, ZipfSource

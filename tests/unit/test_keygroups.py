@@ -12,7 +12,6 @@ import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from streamjobs_core.keygroups import Assignment, key_groups_of, range_of_instance, runs
 
 pytestmark = pytest.mark.unit

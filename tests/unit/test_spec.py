@@ -13,7 +13,6 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
-
 from streamjobs.cli import main as cli_main
 from streamjobs_core.loading import SpecError, load_job, parse_job
 from streamjobs_core.spec import StreamJob

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import itertools
-
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from streamjobs_worker.state import KeyGroupStore, open_store, pack, unpack
 
 pytestmark = pytest.mark.unit

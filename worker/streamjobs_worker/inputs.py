@@ -16,7 +16,6 @@ import msgpack
 import numpy as np
 import pyarrow as pa
 import redis
-
 from streamjobs_core.codec import DecodeError, decode
 from streamjobs_core.generators import MAX_WATERMARK
 from streamjobs_core.plan import Edge, JobPlan

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
-
 from streamjobs_core.codec import encode
 from streamjobs_core.generators import MAX_WATERMARK
 from streamjobs_core.keygroups import key_groups_of
@@ -86,10 +84,3 @@ class OutputRouter:
         ends = np.concatenate((bounds, [len(sorted_kgs)]))
         return [(int(sorted_kgs[s]), table.slice(s, e - s)) for s, e in zip(starts, ends)]
 
-
-def drop_system_columns(table: pa.Table) -> pa.Table:
-    return table.drop_columns([c for c in table.column_names if c.startswith("_")])
-
-
-def filter_rows(table: pa.Table, mask: np.ndarray) -> pa.Table:
-    return table.filter(pc.equal(pa.array(mask), True))

@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import redis
-
 from streamjobs_core.layout import JobKeys
 
 from .state import KeyGroupStore, pack, unpack

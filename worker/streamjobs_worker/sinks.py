@@ -14,7 +14,6 @@ import os
 import uuid
 
 import pyarrow as pa
-
 from streamjobs_core.plan import JobPlan
 
 from . import spark

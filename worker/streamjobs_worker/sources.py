@@ -10,7 +10,6 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import redis
-
 from streamjobs_core import generators
 from streamjobs_core.generators import MAX_WATERMARK
 from streamjobs_core.plan import JobPlan
@@ -35,6 +34,7 @@ class GeneratorSource:
         self._next = {p: 0 for p in partitions}
         self._moved: set[int] = set()
         self._stopped = False
+        self.behind = False  # the last poll left due records for the next one
 
     def restore(self) -> None:
         fields = [f"p{p}" for p in self._partitions]
@@ -47,11 +47,14 @@ class GeneratorSource:
         self._stopped |= stop_requested
         elapsed = now - self._plan.t0_ms / 1000
         parts = []
+        self.behind = False
         if not self._stopped:
             share = max(1, budget // max(1, len(self._partitions)))
             due_global = generators.due_count(self._spec, elapsed)
             for p in self._partitions:
-                end = min(generators.local_count(p, self._count, due_global), self._next[p] + share)
+                due = generators.local_count(p, self._count, due_global)
+                end = min(due, self._next[p] + share)
+                self.behind |= end < due
                 if end > self._next[p]:
                     parts.append(generators.global_indices(p, self._count, self._next[p], end))
                     self._next[p] = end
@@ -99,6 +102,7 @@ class RedisInputSource:
         self._marks = {p: MIN_WATERMARK for p in partitions}
         self.bad: list[tuple[str, bytes, str, dict]] = []
         self._stopped = False
+        self.behind = False
 
     def restore(self) -> None:
         keys = self._plan.keys
@@ -116,7 +120,9 @@ class RedisInputSource:
             return None, MAX_WATERMARK
         keys = self._plan.keys
         streams = {keys.input_stream(self._op, p): self._cursor[p] for p in self._partitions}
-        reply = self._r.xread(streams, count=max(1, budget // max(1, len(streams))))
+        count = max(1, budget // max(1, len(streams)))
+        reply = self._r.xread(streams, count=count)
+        self.behind = any(len(entries) >= count for _, entries in reply)
         now_ms = int(now * 1000)
         rows: list[dict] = []
         times: list[int] = []

@@ -6,7 +6,6 @@ import functools
 import os
 
 import pyarrow as pa
-
 from pyspark.sql import SparkSession
 
 
@@ -24,7 +23,7 @@ def session(master: str | None = None, memory: str | None = None) -> SparkSessio
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.driver.memory", memory or os.environ.get("STREAMJOBS_SPARK_MEMORY", "1g"))
-        .config("spark.driver.extraJavaOptions", "-XX:+UseSerialGC -XX:TieredStopAtLevel=1")
+        .config("spark.driver.extraJavaOptions", "-XX:+UseSerialGC")
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")

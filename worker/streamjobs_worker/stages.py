@@ -18,15 +18,12 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-
 from streamjobs_core.generators import MAX_WATERMARK
 from streamjobs_core.keygroups import key_groups_of
 from streamjobs_core.spec import StatefulStage, WindowAggregateStage
 
 from . import spark
 from .state import KeyGroupStore
-
-SYSTEM_COLUMNS = ("event_time", "_ingest_ms")
 
 
 def load_function(ref: str) -> Callable[..., Any]:
@@ -105,7 +102,10 @@ def partial_sql(spec: WindowAggregateStage, late_before: int) -> str:
     """Per (key, window start) partial aggregates of the batch, skipping windows already fired."""
     size, step = spec.window.size_ms, spec.window.step_ms
     last = f"(event_time - pmod(event_time, {step}))"
-    starts = f"sequence({last} - {size - step}, {last}, {step})" if size != step else f"array({last})"
+    if size == step:  # tumbling: one window per record, no explode
+        source = f"(SELECT *, {last} AS ws FROM input)"
+    else:
+        source = f"(SELECT *, explode(sequence({last} - {size - step}, {last}, {step})) AS ws FROM input)"
     parts = [
         expr.format(c=f"`{agg.column}`") + f" AS p{i}_{j}"
         for i, agg in enumerate(spec.aggregations)
@@ -113,7 +113,7 @@ def partial_sql(spec: WindowAggregateStage, late_before: int) -> str:
     ]
     return (
         f"SELECT `{spec.key_by}` AS k, ws, {', '.join(parts)} "
-        f"FROM (SELECT *, explode({starts}) AS ws FROM input) "
+        f"FROM {source} "
         f"WHERE ws + {size + spec.allowed_lateness_ms} > {late_before} GROUP BY `{spec.key_by}`, ws"
     )
 

@@ -13,7 +13,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import redis
-
 from streamjobs_core.layout import JobKeys
 
 from .recovery import changelog_fields

@@ -18,7 +18,6 @@ import time
 
 import msgpack
 import redis
-
 from streamjobs_core.generators import MAX_WATERMARK
 from streamjobs_core.keygroups import runs
 from streamjobs_core.plan import JobPlan, read_assignment
@@ -178,7 +177,7 @@ class Worker:
             self._dead_letter_one(txn, stream, entry_id, error, json.dumps(record))
         if getattr(self.source, "bad", None):
             self.source.bad.clear()
-        if self._source_budget > (table.num_rows if table is not None else 0):
+        if not self.source.behind:
             # Not behind: gather a tick's worth of records per commit rather than a few per loop.
             time.sleep(max(0.0, _SOURCE_TICK_S - (time.time() - now)))
         return (table.num_rows if table is not None else 0), table, watermark
@@ -234,7 +233,7 @@ class Worker:
         target = self.plan.spec.batching.target_batch_ms / 1000
         if self.source is not None:
             limit = self.plan.spec.batching.max_records
-            if records >= self._source_budget and elapsed < target:
+            if self.source.behind and elapsed < target:
                 self._source_budget = min(limit, self._source_budget * 2)
             elif elapsed > 2 * target:
                 self._source_budget = max(self.plan.spec.batching.min_records, self._source_budget // 2)
