@@ -283,6 +283,10 @@ class BatchingSettings(_Model):
     min_records: int = Field(1, ge=1, description="Smallest batch under no load.")
     max_records: int = Field(200_000, ge=1, description="Largest batch under backlog.")
     max_wait_ms: int = Field(100, ge=0, description="How long an idle instance waits for input.")
+    min_interval_ms: int = Field(
+        500, ge=0, description="Without backlog a Spark batch starts at most this often, so Spark's fixed cost "
+        "per batch does not keep a core busy at light load.",
+    )
     target_batch_ms: int = Field(
         1000, ge=50, description="Batch duration the adaptive sizing aims for under backlog."
     )

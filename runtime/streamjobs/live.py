@@ -14,9 +14,9 @@ from streamjobs_core.plan import JobPlan
 from .scrape import OperatorSample, scrape
 
 
-def latency_samples(r: redis.Redis, keys: JobKeys, since_ms: int = 0) -> np.ndarray:
+def latency_samples(r: redis.Redis, keys: JobKeys, since_ms: int = 0, until_ms: int | None = None) -> np.ndarray:
     values: list[int] = []
-    for _, fields in r.xrange(keys.latency_samples, min=f"{since_ms}-0"):
+    for _, fields in r.xrange(keys.latency_samples, min=f"{since_ms}-0", max=f"{until_ms}-0" if until_ms else "+"):
         values.extend(msgpack.unpackb(fields[b"l"]))
     return np.asarray(values, dtype=np.float64)
 

@@ -84,6 +84,7 @@ class Worker:
         self._stop_requested = False
         self._last_control = 0.0
         self._last_backpressure_check = 0.0
+        self._next_batch_at = 0.0
         self._over_bound = False
 
     # --- lifecycle -----------------------------------------------------------
@@ -117,6 +118,9 @@ class Worker:
             records, output, watermark = self._poll_source(txn)
             full = False
         else:
+            if self.stage is not None:
+                time.sleep(max(0.0, self._next_batch_at - started))
+                started = time.monotonic()
             batch = self.reader.read(self._entries_per_stream, self.plan.spec.batching.max_wait_ms)
             records, full = batch.records, batch.full
             self._dead_letter(batch, txn)
@@ -147,6 +151,8 @@ class Worker:
         else:
             self.metrics.idle_seconds.inc(elapsed)
         self._adapt(records, elapsed, full)
+        if records and not full:
+            self._next_batch_at = started + self.plan.spec.batching.min_interval_ms / 1000
         self._report_lag()
 
     def _backpressured(self) -> bool:

@@ -140,6 +140,8 @@ def _run_q5(rate: float, duration_s: float) -> dict:
 def measure_latency(duration_s: float) -> dict:
     """Three stages (window, sql, window) on the local runtime at half their saturation; e2e latency at the sink.
 
+    Latency percentiles are over the second half of each run: the first batches
+    pay Spark's query compilation and JIT warm-up, which the steady state does not.
     Saturation is what the first stage consumed per second while offered far more
     than it could take (backpressure holds the source back).
     """
@@ -147,12 +149,12 @@ def measure_latency(duration_s: float) -> dict:
     saturation = flood["operators"]["bids-per-auction"]["records_in"] / flood["duration_s"]
     report = _run_q5(saturation / 2, duration_s)
     light = _run_q5(LIGHT_LOAD_RECORDS_PER_S, duration_s / 2)
-    latency = report["latency_ms"]
+    latency = report["latency_second_half_ms"]
     verification = report["verification"]
     return {
         "light_load_records_per_s": LIGHT_LOAD_RECORDS_PER_S,
-        "light_load_p50_latency_ms": light["latency_ms"]["p50_ms"],
-        "light_load_p99_latency_ms": light["latency_ms"]["p99_ms"],
+        "light_load_p50_latency_ms": light["latency_second_half_ms"]["p50_ms"],
+        "light_load_p99_latency_ms": light["latency_second_half_ms"]["p99_ms"],
         "pipeline_saturation_records_per_s": saturation,
         "latency_rate_records_per_s": saturation / 2,
         "p50_latency_ms": latency["p50_ms"],
