@@ -29,9 +29,10 @@ def percentiles(values: np.ndarray) -> dict[str, float | None]:
 
 
 class LiveView:
-    def __init__(self, r: redis.Redis, plan: JobPlan) -> None:
+    def __init__(self, r: redis.Redis, plan: JobPlan, parallelism: dict[str, int]) -> None:
         self.r = r
         self.plan = plan
+        self.parallelism = parallelism  # the runtime's, updated by rescales
         self._previous: dict[str, OperatorSample] = {}
         self._previous_time = time.monotonic()
         self.started = time.monotonic()
@@ -51,7 +52,7 @@ class LiveView:
             op = self.plan.spec.operator(name)
             rows.append({
                 "operator": name,
-                "parallelism": f"{sample.instances}/{op.parallelism}",
+                "parallelism": f"{sample.instances}/{self.parallelism[name]}",
                 "in_per_s": max(0.0, (sample.records_in - before.records_in) / dt),
                 "out_per_s": max(0.0, (sample.records_out - before.records_out) / dt),
                 "lag": sample.lag,

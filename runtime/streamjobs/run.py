@@ -46,7 +46,7 @@ def run_job(
         runtime.start()
         started = time.monotonic()
         started_ms = int(time.time() * 1000)
-        view = LiveView(runtime.r, runtime.plan)
+        view = LiveView(runtime.r, runtime.plan, runtime.parallelism)
         interrupted = _run_live(runtime, view, console, duration_s, during, started)
         stopped_ms = int(time.time() * 1000)
         runtime.request_stop()
