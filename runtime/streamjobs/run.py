@@ -74,6 +74,7 @@ def run_job(
         if verify:
             result["verification"] = _verify(runtime, drained)
         if report_path:
+            Path(report_path).parent.mkdir(parents=True, exist_ok=True)
             Path(report_path).write_text(json.dumps(result, indent=2))
         _summary(console, result)
         return result
