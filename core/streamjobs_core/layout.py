@@ -49,8 +49,16 @@ class JobKeys:
         return f"{self.prefix}:rescale:requests"
 
     @property
+    def rescale_current(self) -> str:
+        return f"{self.prefix}:rescale:current"
+
+    @property
     def rescale_history(self) -> str:
         return f"{self.prefix}:rescale:history"
+
+    @property
+    def autoscaler_decisions(self) -> str:
+        return f"{self.prefix}:autoscaler:decisions"
 
     def incarnation(self, op: str, instance: int) -> str:
         return f"{self.prefix}:inc:{op}:{instance}"

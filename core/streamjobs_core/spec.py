@@ -302,15 +302,59 @@ class BatchingSettings(_Model):
 
 
 class AutoscalerSettings(_Model):
-    policy: Literal["ds2", "reactive", "off"] = "off"
-    target_utilization: float = Field(0.7, gt=0, le=1)
-    catch_up_seconds: float = Field(60.0, gt=0)
-    stabilization_s: float = Field(30.0, ge=0)
-    scale_down_delay_s: float = Field(120.0, ge=0)
-    max_scale_factor: float = Field(4.0, ge=1)
-    min_parallelism: int = Field(1, ge=1)
-    max_parallelism: int | None = Field(None, ge=1)
-    interval_s: float = Field(10.0, gt=0)
+    """Every autoscaler option, typed, defaulted and documented here (the CRD and docs are generated from it)."""
+
+    policy: Literal["ds2", "reactive", "off"] = Field(
+        "off", description="ds2: one-step parallelism from true processing rates; reactive: one instance up or "
+        "down on lag thresholds (KEDA-like baseline); off: never rescale.",
+    )
+    metrics: Literal["endpoints", "prometheus"] = Field(
+        "endpoints", description="Read the workers' /metrics directly, or a Prometheus server's HTTP API."
+    )
+    prometheus_url: str | None = Field(None, description="Prometheus base URL when metrics is 'prometheus'.")
+    interval_s: float = Field(10.0, gt=0, description="How often metrics are collected and a decision considered.")
+    metrics_window_s: float = Field(30.0, gt=0, description="Rates are averaged over this sliding window.")
+    target_utilization: float = Field(
+        0.7, gt=0, le=1, description="Busy share each instance should run at (headroom for bursts)."
+    )
+    catch_up_seconds: float = Field(60.0, gt=0, description="Backlog (source pending + kg lag) is caught up within this.")
+    expected_rescale_s: float = Field(
+        20.0, ge=0, description="Input that piles up during the rescale itself, also to be caught up."
+    )
+    stabilization_s: float = Field(
+        30.0, ge=0, description="After a rescale, no decision on metrics that include it or this long after it."
+    )
+    scale_down_delay_s: float = Field(
+        120.0, ge=0, description="A scale-down waits this long and applies the largest recommendation seen meanwhile."
+    )
+    max_scale_factor: float = Field(4.0, ge=1, description="One step changes parallelism by at most this factor.")
+    activation_intervals: int = Field(
+        2, ge=1, description="DS2's activation: scale up only after this many consecutive intervals asked for it "
+        "(a decision on a load change caught mid-interval would undershoot).",
+    )
+    min_parallelism: int = Field(1, ge=1, description="Lower bound for every operator.")
+    max_parallelism: int | None = Field(None, ge=1, description="Upper bound for every operator (default: its key groups).")
+    ineffective_threshold: float = Field(
+        0.1, ge=0, le=1, description="A scale-up that achieved less than this share of its predicted throughput gain "
+        "is ineffective: further scale-ups of that operator are blocked and an alert is raised.",
+    )
+    scale_down_history_horizon_s: float = Field(
+        0.0, ge=0, description="Skip a scale-down to a parallelism that a scale-up left within this horizon (0: off).",
+    )
+    lag_high_records: int = Field(
+        20_000, ge=1, description="reactive: add an instance when the backlog per instance exceeds this."
+    )
+    lag_low_records: int = Field(
+        1_000, ge=0, description="reactive: remove an instance when the backlog per instance is under this and "
+        "instances are less than half busy.",
+    )
+    history_size: int = Field(50, ge=1, description="Decisions kept (with predicted and achieved rates).")
+
+    @model_validator(mode="after")
+    def _prometheus(self) -> AutoscalerSettings:
+        if self.metrics == "prometheus" and not self.prometheus_url:
+            raise ValueError("metrics 'prometheus' needs prometheusUrl")
+        return self
 
 
 class RescaleSettings(_Model):

@@ -67,7 +67,9 @@ def _status(args) -> int:
         out[op.name] = {"parallelism": assignment.parallelism, "epoch": assignment.epoch} if assignment else None
     pending = [json.loads(x) for x in r.lrange(keys.rescale_requests, 0, -1)]
     history = [json.loads(x) for x in r.lrange(keys.rescale_history, 0, -1)]
-    print(json.dumps({"job": args.job, "operators": out, "rescales_pending": pending, "rescales": history}, indent=2))
+    current = r.get(keys.rescale_current)
+    print(json.dumps({"job": args.job, "operators": out, "rescale_in_progress": json.loads(current) if current else None,
+                      "rescales_pending": pending, "rescales": history}, indent=2))
     return 0
 
 
@@ -105,8 +107,14 @@ def _bench(args) -> int:
 
     from .bench import throughput
 
-    benches = {"throughput": throughput.run}
-    result = {"bench": args.name, "quick": args.quick, **benches[args.name](args.quick)}
+    if args.name == "autoscale":
+        from .bench import autoscale
+
+        png = str(Path(args.json).with_suffix(".png")) if args.json else None
+        measured = autoscale.run(args.quick, args.scenario, png)
+    else:
+        measured = throughput.run(args.quick)
+    result = {"bench": args.name, "quick": args.quick, **measured}
     text = json.dumps(result, indent=2)
     print(text)
     if args.json:
@@ -150,7 +158,9 @@ def main(argv: list[str] | None = None) -> int:
     rescale.set_defaults(func=_rescale)
 
     bench = sub.add_parser("bench", help="benchmarks measured on this machine")
-    bench.add_argument("name", choices=["throughput"])
+    bench.add_argument("name", choices=["throughput", "autoscale"])
+    bench.add_argument("--scenario", action="append", default=None,
+                       help="autoscale: run only this load profile (repeatable)")
     bench.add_argument("--quick", action="store_true", help="a run of a few minutes")
     bench.add_argument("--json", default=None, help="write the results here")
     bench.set_defaults(func=_bench)

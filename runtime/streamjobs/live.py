@@ -8,10 +8,9 @@ import msgpack
 import numpy as np
 import redis
 from rich.table import Table
+from streamjobs_autoscaler.collect import EndpointCollector, OperatorCounters
 from streamjobs_core.layout import JobKeys
 from streamjobs_core.plan import JobPlan
-
-from .scrape import OperatorSample, scrape
 
 
 def latency_samples(r: redis.Redis, keys: JobKeys, since_ms: int = 0, until_ms: int | None = None) -> np.ndarray:
@@ -33,19 +32,20 @@ class LiveView:
         self.r = r
         self.plan = plan
         self.parallelism = parallelism  # the runtime's, updated by rescales
-        self._previous: dict[str, OperatorSample] = {}
+        self._collector = EndpointCollector(r, plan.keys)
+        self._previous: dict[str, OperatorCounters] = {}
         self._previous_time = time.monotonic()
         self.started = time.monotonic()
 
     def rows(self) -> list[dict]:
         now = time.monotonic()
-        current = scrape(self.r, self.plan.keys)
+        current = self._collector.collect(now).operators
         dt = max(1e-6, now - self._previous_time)
         recent = latency_samples(self.r, self.plan.keys, int(time.time() * 1000) - 5000)
         latency = percentiles(recent)
         rows = []
         for name in self.plan.spec.topological_order():
-            sample = current.get(name, OperatorSample())
+            sample = current.get(name, OperatorCounters())
             before = self._previous.get(name, sample)
             busy = sample.busy_s - before.busy_s
             idle = sample.idle_s - before.idle_s

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from streamjobs_core.connect import connect
-from streamjobs_core.keygroups import Assignment, moves
-from streamjobs_core.plan import JobPlan, read_assignment, write_assignment
+from streamjobs_core.plan import JobPlan, write_assignment
+from streamjobs_core.rescale import RescaleController
 from streamjobs_core.spec import StreamJob
 
 _PR_SET_PDEATHSIG = 1
@@ -36,7 +36,6 @@ class _Instance:
     op: str
     index: int
     process: subprocess.Popen
-    restarts: int = 0
 
 
 @dataclass
@@ -45,7 +44,10 @@ class LocalRuntime:
     redis_url: str
     log_dir: Path
     restart_workers: bool = True
+    ready_timeout_s: float = 180.0
     instances: dict[tuple[str, int], _Instance] = field(default_factory=dict)
+    standbys: dict[tuple[str, int], _Instance] = field(default_factory=dict)
+    total_restarts: int = 0  # instances come and go with rescales; their restarts still count
     parallelism: dict[str, int] = field(default_factory=dict)
     plan: JobPlan | None = None
 
@@ -80,9 +82,7 @@ class LocalRuntime:
             self.r.delete(*batch)
 
     def _spawn(self, op: str, index: int) -> None:
-        previous = self.instances.get((op, index))
-        process = self._popen(op, index)
-        self.instances[(op, index)] = _Instance(op, index, process, previous.restarts + 1 if previous else 0)
+        self.instances[(op, index)] = _Instance(op, index, self._popen(op, index))
 
     def _popen(self, op: str, index: int, *extra: str) -> subprocess.Popen:
         with open(self.log_dir / f"{op}-{index}.log", "ab") as log:
@@ -115,6 +115,7 @@ class LocalRuntime:
             if code is not None and self.restart_workers:
                 self.r.hdel(self.keys.metrics_endpoints, f"{op}/{index}")
                 self._spawn(op, index)
+                self.total_restarts += 1
                 restarted.append(f"{op}/{index} (exit {code})")
         return restarted
 
@@ -141,59 +142,45 @@ class LocalRuntime:
         return False
 
     def restarts(self) -> int:
-        return sum(inst.restarts for inst in self.instances.values())
+        return self.total_restarts
 
-    # --- rescale ---------------------------------------------------------------
+    # --- rescale: the Fleet of the rescale controller, as processes -----------
 
-    def rescale(self, op: str, parallelism: int, strategy: str, ready_timeout_s: float = 120.0) -> dict:
-        """Change an operator's parallelism; return what it cost.
-
-        `restart` is Flink's baseline: every worker of the job stops after its
-        last commit (a consistent cut: every batch is committed or not at all),
-        the new assignment is written and the whole job starts again.
-        `all_at_once` keeps the rest of the job running: the new instances start
-        as standbys (their SparkSession warm), then the old instances stop after
-        their last commit and the new assignment hands every key group over at
-        once; the operator pauses only for that switch and the state restore.
-        """
-        old = read_assignment(self.r, self.keys, op)
-        make = Assignment.consistent_hashing if self.job.spec.rescale.assignment == "consistent_hashing" else Assignment.ranges
-        new = make(parallelism, self.plan.key_groups(op), epoch=old.epoch + 1)
-        started = time.monotonic()
-        if strategy == "restart":
-            self._stop([k for k in self.instances])
-            paused = time.monotonic()
-            write_assignment(self.r, self.keys, op, new)
-            self.parallelism[op] = parallelism
-            self._start_all(ready_timeout_s)
-        elif strategy == "all_at_once":
-            self.r.delete(self.keys.standby(op))
-            standbys = {i: self._popen(op, i, "--await-epoch", str(new.epoch)) for i in range(parallelism)}
-            self._wait_standby(op, parallelism, ready_timeout_s)
-            self._stop([k for k in self.instances if k[0] == op])
-            paused = time.monotonic()
-            write_assignment(self.r, self.keys, op, new)
-            self.parallelism[op] = parallelism
-            for i, process in standbys.items():
-                self.instances[(op, i)] = _Instance(op, i, process)
-            self.wait_ready([(op, i) for i in range(parallelism)], ready_timeout_s)
-        else:
-            raise ValueError(f"unknown rescale strategy '{strategy}'")
-        done = time.monotonic()
-        record = {
-            "operator": op, "from": old.parallelism, "to": parallelism, "strategy": strategy, "epoch": new.epoch,
-            "moved_key_groups": len(moves(old, new)), "rescale_s": round(done - started, 3),
-            "pause_ms": round((done - paused) * 1000, 1),
-        }
-        self.r.rpush(self.keys.rescale_history, json.dumps(record))
+    def rescale(self, op: str, parallelism: int, strategy: str | None = None) -> dict:
+        """Change an operator's parallelism while the job runs; return what it cost (see rescale.py)."""
+        record = self.controller().rescale(op, parallelism, strategy)
+        self.parallelism[op] = parallelism
         return record
 
-    def _wait_standby(self, op: str, count: int, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while self.r.hlen(self.keys.standby(op)) < count:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"standby instances of '{op}' not ready; see logs in {self.log_dir}")
-            time.sleep(0.1)
+    def controller(self) -> RescaleController:
+        return RescaleController(self.r, self.plan, self, standby_timeout_s=self.ready_timeout_s)
+
+    def start_standbys(self, op: str, parallelism: int, epoch: int) -> None:
+        for i in range(parallelism):
+            if (op, i) not in self.standbys:
+                self.standbys[(op, i)] = _Instance(op, i, self._popen(op, i, "--await-epoch", str(epoch)))
+
+    def stop_old(self, op: str, epoch: int) -> None:
+        self._stop([k for k in self.instances if k[0] == op])
+
+    def adopt(self, op: str, parallelism: int, epoch: int) -> None:
+        for key in [k for k in self.standbys if k[0] == op]:
+            self.instances[key] = self.standbys.pop(key)
+        self.parallelism[op] = parallelism
+        self.wait_ready([(op, i) for i in range(parallelism)], self.ready_timeout_s)
+
+    def discard_standbys(self, op: str, epoch: int) -> None:
+        for key in [k for k in self.standbys if k[0] == op]:
+            process = self.standbys.pop(key).process
+            process.kill()
+            process.wait()
+
+    def stop_job(self) -> None:
+        self._stop(list(self.instances))
+
+    def start_job(self, parallelism: dict[str, int]) -> None:
+        self.parallelism.update(parallelism)
+        self._start_all(self.ready_timeout_s)
 
     def _start_all(self, ready_timeout_s: float, before_sources=lambda: None) -> None:
         sources = {s.name for s in self.job.spec.sources}
@@ -211,7 +198,7 @@ class LocalRuntime:
         done = []
         while (raw := self.r.lpop(self.keys.rescale_requests)) is not None:
             request = json.loads(raw)
-            done.append(self.rescale(request["operator"], request["parallelism"], request["strategy"]))
+            done.append(self.rescale(request["operator"], request["parallelism"], request.get("strategy")))
         return done
 
     # --- stop ------------------------------------------------------------------
@@ -233,3 +220,5 @@ class LocalRuntime:
 
     def shutdown(self, timeout_s: float = 15.0) -> None:
         self._stop(list(self.instances), timeout_s)
+        for op in {k[0] for k in self.standbys}:
+            self.discard_standbys(op, 0)

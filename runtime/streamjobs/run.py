@@ -14,6 +14,7 @@ from rich.live import Live
 from streamjobs_core.spec import StreamJob
 
 from . import report as reporting
+from .autoscaling import local_autoscaler
 from .live import LiveView, latency_samples, percentiles
 from .local import LocalRuntime
 from .redis_server import RedisServer
@@ -47,7 +48,8 @@ def run_job(
         started = time.monotonic()
         started_ms = int(time.time() * 1000)
         view = LiveView(runtime.r, runtime.plan, runtime.parallelism)
-        interrupted = _run_live(runtime, view, console, duration_s, during, started)
+        autoscaler, events = local_autoscaler(runtime, console)
+        interrupted = _run_live(runtime, view, console, duration_s, during, started, autoscaler)
         stopped_ms = int(time.time() * 1000)
         runtime.request_stop()
         console.print("stopping sources; draining in-flight records ...")
@@ -69,6 +71,12 @@ def run_job(
             ),
             "dead_letters": int(runtime.r.xlen(runtime.keys.dead_letter)),
             "rescales": [json.loads(x) for x in runtime.r.lrange(runtime.keys.rescale_history, 0, -1)],
+            "autoscaler": {
+                "policy": job.spec.autoscaler.policy,
+                "decisions": autoscaler.log.entries(),
+                "events": events.events,
+                "final_parallelism": dict(runtime.parallelism),
+            },
         }
         runtime.shutdown()
         if verify:
@@ -79,7 +87,7 @@ def run_job(
         _summary(console, result)
         return result
 
-def _run_live(runtime, view, console, duration_s, during, started) -> bool:
+def _run_live(runtime, view, console, duration_s, during, started, autoscaler) -> bool:
     deadline = None if duration_s is None else started + duration_s
     live_table = console.is_terminal
     last_line = 0.0
@@ -91,6 +99,7 @@ def _run_live(runtime, view, console, duration_s, during, started) -> bool:
                 for record in runtime.handle_requests():
                     console.print(f"rescaled {record['operator']} {record['from']} -> {record['to']} "
                                   f"({record['strategy']}): pause {record['pause_ms']:.0f} ms")
+                autoscaler.tick()
                 if during is not None:
                     during(runtime, time.monotonic() - started)
                 if runtime.drained():

@@ -43,6 +43,9 @@ class WorkerMetrics:
         self.state_bytes = gauge("streamjobs_state_bytes", "Serialized size of this instance's keyed state.")
         self.owned_key_groups = gauge("streamjobs_owned_key_groups", "Key groups this instance owns.")
         self.assignment_epoch = gauge("streamjobs_assignment_epoch", "Epoch of the assignment in force.")
+        self.source_pending = gauge(
+            "streamjobs_source_pending_records", "Records due at a source and not yet emitted (its backlog)."
+        )
         self.watermark = gauge("streamjobs_watermark_ms", "Input watermark (event time, ms).")
         self.lag = Gauge(
             "streamjobs_kg_lag_records", "Records produced into an owned kg stream and not yet consumed.",

@@ -35,6 +35,7 @@ class GeneratorSource:
         self._moved: set[int] = set()
         self._stopped = False
         self.behind = False  # the last poll left due records for the next one
+        self.pending = 0  # records due and not yet emitted: the autoscaler's view of the source's backlog
 
     def restore(self) -> None:
         fields = [f"p{p}" for p in self._partitions]
@@ -48,6 +49,7 @@ class GeneratorSource:
         elapsed = now - self._plan.t0_ms / 1000
         parts = []
         self.behind = False
+        self.pending = 0
         if not self._stopped:
             share = max(1, budget // max(1, len(self._partitions)))
             due_global = generators.due_count(self._spec, elapsed)
@@ -55,6 +57,7 @@ class GeneratorSource:
                 due = generators.local_count(p, self._count, due_global)
                 end = min(due, self._next[p] + share)
                 self.behind |= end < due
+                self.pending += due - end
                 if end > self._next[p]:
                     parts.append(generators.global_indices(p, self._count, self._next[p], end))
                     self._next[p] = end
@@ -103,6 +106,7 @@ class RedisInputSource:
         self.bad: list[tuple[str, bytes, str, dict]] = []
         self._stopped = False
         self.behind = False
+        self.pending = 0  # unknown without reading ahead: external producers' backlog shows as `behind`
 
     def restore(self) -> None:
         keys = self._plan.keys

@@ -114,8 +114,10 @@ class Worker:
             return
         started = time.monotonic()
         txn = Transaction()
+        waited = 0.0
         if self.source is not None:
-            records, output, watermark = self._poll_source(txn)
+            records, output, watermark, waited = self._poll_source(txn)
+            self.metrics.source_pending.set(self.source.pending)
             full = False
         else:
             if self.stage is not None:
@@ -145,11 +147,11 @@ class Worker:
         elapsed = time.monotonic() - started
         self.metrics.records_in.inc(records)
         self.metrics.watermark.set(min(watermark, 2**53))
+        # A source's wait for records to fall due is idle time: DS2's true rate counts only useful time.
+        self.metrics.idle_seconds.inc(waited if records else elapsed)
         if records:
-            self.metrics.busy_seconds.inc(elapsed)
+            self.metrics.busy_seconds.inc(elapsed - waited)
             self.metrics.batch_duration.observe(elapsed)
-        else:
-            self.metrics.idle_seconds.inc(elapsed)
         self._adapt(records, elapsed, full)
         if records and not full:
             self._next_batch_at = started + self.plan.spec.batching.min_interval_ms / 1000
@@ -183,10 +185,12 @@ class Worker:
             self._dead_letter_one(txn, stream, entry_id, error, json.dumps(record))
         if getattr(self.source, "bad", None):
             self.source.bad.clear()
+        waited = 0.0
         if not self.source.behind:
             # Not behind: gather a tick's worth of records per commit rather than a few per loop.
-            time.sleep(max(0.0, _SOURCE_TICK_S - (time.time() - now)))
-        return (table.num_rows if table is not None else 0), table, watermark
+            waited = max(0.0, _SOURCE_TICK_S - (time.time() - now))
+            time.sleep(waited)
+        return (table.num_rows if table is not None else 0), table, watermark, waited
 
     def _process(self, batch: InputBatch, watermark: int, txn: Transaction):
         if self.sink is not None:

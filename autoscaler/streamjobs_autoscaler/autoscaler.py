@@ -1,0 +1,164 @@
+"""Execute: the loop that turns metrics into live rescales, one decision per interval.
+
+collect (collect.py) -> evaluate (evaluate.py) -> decide per operator
+(policies.py) -> guard rails (guards.py) -> realize through the Scaler port,
+remember through the DecisionLog port, report through the Events port. The
+clock is injected, so tests drive time and never sleep.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import replace
+
+from streamjobs_core.spec import AutoscalerSettings
+
+from . import guards
+from .collect import Collector, Snapshot
+from .decision import Decision, OperatorDecision
+from .evaluate import Rates, window_rates
+from .policies import POLICIES
+from .ports import DecisionLog, Events, Scaler
+from .topology import Topology
+
+
+class Autoscaler:
+    def __init__(
+        self, topology: Topology, settings: AutoscalerSettings, collector: Collector, scaler: Scaler,
+        log: DecisionLog, events: Events, clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.topology = topology
+        self.settings = settings
+        self.collector = collector
+        self.scaler = scaler
+        self.log = log
+        self.events = events
+        self.clock = clock
+        self._window: deque[Snapshot] = deque()
+        self._next_tick = clock()
+        self._stable_after = clock() + settings.stabilization_s  # a fresh job warms up like a rescaled one
+        self._down_seen: dict[str, tuple[float, int]] = {}
+        self._blocked_up: dict[str, str] = {}
+        self._up_streak: dict[str, int] = {}
+        self._to_judge: dict[str, dict] = {}  # scale-ups whose achieved capacity is checked next time
+        self._last_rules: tuple = ()
+
+    def tick(self) -> Decision | None:
+        """Collect, and when a full window after stabilization is there, decide and execute."""
+        now = self.clock()
+        if self.settings.policy == "off" or now < self._next_tick:
+            return None
+        self._next_tick = now + self.settings.interval_s
+        if now < self._stable_after:
+            return None
+        snapshot = self.collector.collect(now)
+        if self._window and _disrupted(self._window[-1], snapshot):
+            # A worker restarted (its counters began again) or is missing: like a rescale, the
+            # metrics around it describe no steady configuration.
+            self._window.clear()
+            self._stable_after = now + self.settings.stabilization_s
+            return None
+        self._window.append(snapshot)
+        while len(self._window) > 2 and now - self._window[1].time >= self.settings.metrics_window_s:
+            self._window.popleft()
+        if now - self._window[0].time < self.settings.metrics_window_s:
+            return None
+        rates = window_rates(self._window)
+        if not rates:
+            return None
+        self._judge_scale_ups(rates, now)
+        return self._decide(rates, now)
+
+    # --- decide ------------------------------------------------------------------
+
+    def _decide(self, rates: dict[str, Rates], now: float) -> Decision | None:
+        current = self.scaler.parallelism()
+        recommended = POLICIES[self.settings.policy](self.topology, rates, current, self.settings)
+        history = self.log.entries()
+        decided = []
+        for d in recommended:
+            d = guards.max_step(d, self.settings)
+            d = guards.activation(d, self._up_streak, self.settings)
+            d = guards.ineffective(d, self._blocked_up)
+            d = guards.undone_by_history(d, now, history, self.settings)
+            d = guards.scale_down_delay(d, now, self._down_seen, self.settings)
+            decided.append(d)
+        decision = Decision(now, self.settings.policy, tuple(decided))
+        rules = tuple((d.operator, d.rule.split(":")[0], d.parallelism) for d in decided if d.changes or d.rule
+                      in ("scale-down delay", "ineffective scaling", "history veto"))
+        if not decision.changes:
+            if rules and rules != self._last_rules:
+                self._record(decision)
+            self._last_rules = rules
+            return decision
+        self._last_rules = rules
+        return self._execute(decision, rates)
+
+    def _execute(self, decision: Decision, rates: dict[str, Rates]) -> Decision:
+        error = None
+        for d in decision.changes:
+            try:
+                self.scaler.rescale(d.operator, d.parallelism)
+            except Exception as exc:  # noqa: BLE001 - a failed rescale is reported, the loop goes on
+                error = f"rescale of {d.operator} to {d.parallelism} failed: {exc}"
+                break
+            if d.parallelism > d.current and d.true_rate_per_instance:
+                self._to_judge[d.operator] = {"from": d.current, "to": d.parallelism,
+                                              "true_rate": d.true_rate_per_instance}
+        decision = replace(decision, executed=error is None, error=error)
+        self._record(decision)
+        # Metrics that include the rescale say nothing about the new configuration.
+        self._window.clear()
+        self._stable_after = self.clock() + self.settings.stabilization_s
+        self._next_tick = self._stable_after
+        return decision
+
+    def _record(self, decision: Decision) -> None:
+        self.log.append(decision.to_dict())
+        for d in decision.operators:
+            if d.changes or d.rule in ("scale-down delay", "ineffective scaling", "history veto"):
+                self.events.emit(_reason(d), d.explain(), warning=d.rule == "ineffective scaling")
+        if decision.error:
+            self.events.emit("RescaleFailed", decision.error, warning=True)
+
+    # --- ineffective scaling (Turbine's untriaged problem) -----------------------
+
+    def _judge_scale_ups(self, rates: dict[str, Rates], now: float) -> None:
+        """Capacity (true rate x instances) before a scale-up vs after: if it rose by less than the
+        threshold share of what was predicted, more instances do not help this operator."""
+        for op, past in list(self._to_judge.items()):
+            rate = rates.get(op)
+            if rate is None or rate.true_rate_per_instance is None:
+                continue
+            del self._to_judge[op]
+            before = past["from"] * past["true_rate"]
+            predicted = past["to"] * past["true_rate"]
+            achieved = past["to"] * rate.true_rate_per_instance
+            gain = (achieved - before) / (predicted - before)
+            self.log.append({"time": now, "operator": op, "from": past["from"], "to": past["to"],
+                             "predicted_capacity": predicted, "achieved_capacity": achieved,
+                             "gain_share": round(gain, 3), "operators": []})
+            if gain < self.settings.ineffective_threshold:
+                self._blocked_up[op] = (f"scale-up {past['from']} -> {past['to']} raised capacity by {gain:.0%} of "
+                                        f"the predicted {predicted - before:,.0f} rec/s")
+                self.events.emit("IneffectiveScaling", f"{op}: {self._blocked_up[op]}; further scale-ups blocked",
+                                 warning=True)
+
+
+def _disrupted(before: Snapshot, after: Snapshot) -> bool:
+    for op, end in after.operators.items():
+        start = before.operators.get(op)
+        if start is None or start.instances != end.instances:
+            return True
+        if end.records_in < start.records_in or end.busy_s < start.busy_s:
+            return True
+    return set(before.operators) != set(after.operators)
+
+
+def _reason(d: OperatorDecision) -> str:
+    if d.changes:
+        return "ScaledUp" if d.parallelism > d.current else "ScaledDown"
+    return {"scale-down delay": "ScaleDownDelayed", "ineffective scaling": "ScaleUpBlocked",
+            "history veto": "ScaleDownVetoed"}[d.rule]

@@ -1,0 +1,116 @@
+"""Collect: cumulative counters per operator, from the workers' /metrics or from Prometheus.
+
+A collector returns a `Snapshot` of counters (records, busy and idle seconds)
+and gauges (lag, source backlog) summed over an operator's instances; rates
+are differences of two snapshots (evaluate.py), so a collector keeps no state.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.parse
+import urllib.request
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from prometheus_client.parser import text_string_to_metric_families
+from streamjobs_core.layout import JobKeys
+
+
+@dataclass
+class OperatorCounters:
+    instances: int = 0
+    records_in: float = 0.0
+    records_out: float = 0.0
+    busy_s: float = 0.0
+    idle_s: float = 0.0
+    lag: float = 0.0  # records waiting in the operator's kg streams
+    pending: float = 0.0  # records due at a source and not yet emitted
+    watermark_ms: float = float("inf")
+    latency_buckets: dict[float, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    time: float  # the autoscaler clock's seconds
+    operators: dict[str, OperatorCounters]
+
+
+class Collector(Protocol):
+    def collect(self, now: float) -> Snapshot: ...
+
+
+_SUMMED = {
+    "streamjobs_records_in_total": "records_in",
+    "streamjobs_records_out_total": "records_out",
+    "streamjobs_busy_seconds_total": "busy_s",
+    "streamjobs_idle_seconds_total": "idle_s",
+    "streamjobs_kg_lag_records": "lag",
+    "streamjobs_source_pending_records": "pending",
+}
+
+
+def add_exposition(counters: OperatorCounters, text: str) -> None:
+    """Add one instance's Prometheus text exposition to its operator's counters."""
+    counters.instances += 1
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            attribute = _SUMMED.get(s.name)
+            if attribute is not None:
+                setattr(counters, attribute, getattr(counters, attribute) + s.value)
+            elif s.name == "streamjobs_watermark_ms":
+                counters.watermark_ms = min(counters.watermark_ms, s.value)
+            elif s.name == "streamjobs_e2e_latency_seconds_bucket":
+                le = float(s.labels["le"])
+                counters.latency_buckets[le] = counters.latency_buckets.get(le, 0.0) + s.value
+
+
+class EndpointCollector:
+    """Scrapes every instance registered in the job's metrics-endpoint hash, as Prometheus would."""
+
+    def __init__(self, r, keys: JobKeys, timeout_s: float = 1.0) -> None:
+        self.r = r
+        self.keys = keys
+        self.timeout_s = timeout_s
+
+    def collect(self, now: float) -> Snapshot:
+        out: dict[str, OperatorCounters] = defaultdict(OperatorCounters)
+        for name, address in self.r.hgetall(self.keys.metrics_endpoints).items():
+            op = name.decode().rsplit("/", 1)[0]
+            try:
+                with urllib.request.urlopen(f"http://{address.decode()}/metrics", timeout=self.timeout_s) as response:
+                    text = response.read().decode()
+            except OSError:
+                continue  # a restarting instance shows up again on the next scrape
+            add_exposition(out[op], text)
+        return Snapshot(now, dict(out))
+
+
+class PrometheusCollector:
+    """Asks a Prometheus server for the same sums (instant queries over its latest scrape)."""
+
+    def __init__(self, base_url: str, job: str, timeout_s: float = 5.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.job = job
+        self.timeout_s = timeout_s
+
+    def _query(self, promql: str) -> dict[str, float]:
+        url = f"{self.base_url}/api/v1/query?{urllib.parse.urlencode({'query': promql})}"
+        with urllib.request.urlopen(url, timeout=self.timeout_s) as response:
+            body = json.load(response)
+        if body.get("status") != "success":
+            raise RuntimeError(f"Prometheus query {promql!r} failed: {body.get('error')}")
+        return {row["metric"].get("operator", ""): float(row["value"][1]) for row in body["data"]["result"]}
+
+    def collect(self, now: float) -> Snapshot:
+        selector = f'{{job="{self.job}"}}'
+        out: dict[str, OperatorCounters] = defaultdict(OperatorCounters)
+        for metric, attribute in _SUMMED.items():
+            for op, value in self._query(f"sum by (operator) ({metric}{selector})").items():
+                setattr(out[op], attribute, value)
+        for op, value in self._query(f"count by (operator) (streamjobs_records_in_total{selector})").items():
+            out[op].instances = int(value)
+        for op, value in self._query(f"min by (operator) (streamjobs_watermark_ms{selector})").items():
+            out[op].watermark_ms = value
+        return Snapshot(now, dict(out))

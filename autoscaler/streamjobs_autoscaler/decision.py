@@ -1,0 +1,58 @@
+"""Decisions and their explanations: what changed, the numbers behind it, the rule that fired or blocked."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class OperatorDecision:
+    operator: str
+    current: int
+    recommended: int  # what the policy asked for, before guard rails
+    parallelism: int  # what will run (== current when blocked or unchanged)
+    rule: str  # the rule that set `parallelism`: e.g. "ds2", "scale-down delay", "ineffective scaling"
+    target_rate: float | None = None
+    true_rate_per_instance: float | None = None
+    input_rate: float | None = None
+    utilization: float | None = None
+    backlog: float | None = None
+    note: str = ""
+
+    @property
+    def changes(self) -> bool:
+        return self.parallelism != self.current
+
+    def explain(self) -> str:
+        numbers = []
+        if self.target_rate is not None:
+            numbers.append(f"target {self.target_rate:,.0f} rec/s")
+        if self.true_rate_per_instance is not None:
+            numbers.append(f"true rate {self.true_rate_per_instance:,.0f} rec/s per instance")
+        if self.input_rate is not None:
+            numbers.append(f"input {self.input_rate:,.0f} rec/s")
+        if self.utilization is not None:
+            numbers.append(f"busy {self.utilization:.0%}")
+        if self.backlog is not None:
+            numbers.append(f"backlog {self.backlog:,.0f}")
+        head = f"{self.operator} {self.current} -> {self.parallelism}"
+        if self.recommended != self.parallelism:
+            head += f" (recommended {self.recommended})"
+        note = f"; {self.note}" if self.note else ""
+        return f"{head} [{self.rule}]: {', '.join(numbers)}{note}"
+
+
+@dataclass(frozen=True)
+class Decision:
+    time: float  # the autoscaler clock's seconds
+    policy: str
+    operators: tuple[OperatorDecision, ...]
+    executed: bool = False
+    error: str | None = None
+
+    @property
+    def changes(self) -> tuple[OperatorDecision, ...]:
+        return tuple(d for d in self.operators if d.changes)
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "operators": [asdict(d) | {"why": d.explain()} for d in self.operators]}

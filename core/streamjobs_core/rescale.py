@@ -1,0 +1,174 @@
+"""The rescale controller: one operator's parallelism changes while the job runs.
+
+A rescale is a state machine persisted in Redis (`rescale:current`), so a
+controller that restarts anywhere finds where the last one stopped:
+
+    PRESTAGE  the new instances start as standbys for the next assignment epoch
+              (SparkSession warm) while the old instances keep processing;
+    HANDOVER  the old instances stop after their last commit, the new assignment
+              is written, the standbys see the epoch and take their key groups;
+    RETIRE    what belonged to the old epoch is deleted; the record moves to history.
+
+`resume()` rolls a rescale back while it is in PRESTAGE (nothing has moved:
+the standbys are discarded) and finishes it from HANDOVER on (the old owners
+may already be gone). The controller never touches processes or pods itself:
+a `Fleet` does, as processes on this machine or StatefulSets on Kubernetes.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from .keygroups import Assignment, moves
+from .plan import JobPlan, read_assignment, write_assignment
+
+STRATEGIES = ("all_at_once", "restart")
+PRESTAGE, HANDOVER, RETIRE = "PRESTAGE", "HANDOVER", "RETIRE"
+
+
+class Fleet(Protocol):
+    """Where an operator's instances run. Every method is idempotent (a resumed rescale repeats steps)."""
+
+    def start_standbys(self, op: str, parallelism: int, epoch: int) -> None:
+        """Start instances 0..parallelism-1 of `op` that wait for assignment `epoch` (worker --await-epoch)."""
+
+    def stop_old(self, op: str, epoch: int) -> None:
+        """Stop (after their last commit) the instances of `op` older than `epoch`; return once they are gone."""
+
+    def adopt(self, op: str, parallelism: int, epoch: int) -> None:
+        """The standbys of `epoch` are now `op`'s instances; delete what belonged to older epochs."""
+
+    def discard_standbys(self, op: str, epoch: int) -> None:
+        """Roll back: remove the standbys of `epoch`."""
+
+    def stop_job(self) -> None:
+        """Stop every instance of the job after its last commit (a consistent cut)."""
+
+    def start_job(self, parallelism: dict[str, int]) -> None:
+        """Start every operator with this parallelism and wait until it processes."""
+
+
+class RescaleError(RuntimeError):
+    pass
+
+
+class RescaleController:
+    def __init__(
+        self, r, plan: JobPlan, fleet: Fleet, *, standby_timeout_s: float = 180.0,
+        clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.r = r
+        self.plan = plan
+        self.keys = plan.keys
+        self.fleet = fleet
+        self.standby_timeout_s = standby_timeout_s
+        self.clock = clock
+        self.sleep = sleep
+
+    def current(self) -> dict | None:
+        raw = self.r.get(self.keys.rescale_current)
+        return json.loads(raw) if raw else None
+
+    def history(self) -> list[dict]:
+        return [json.loads(x) for x in self.r.lrange(self.keys.rescale_history, 0, -1)]
+
+    def parallelism(self) -> dict[str, int]:
+        return {op.name: read_assignment(self.r, self.keys, op.name).parallelism for op in self.plan.spec.operators}
+
+    def rescale(self, op: str, parallelism: int, strategy: str | None = None) -> dict:
+        """Carry a rescale through every phase; return its record (also appended to the history)."""
+        strategy = strategy or self.plan.spec.rescale.strategy
+        if strategy not in STRATEGIES:
+            raise RescaleError(f"unknown rescale strategy '{strategy}' (one of {', '.join(STRATEGIES)})")
+        self.plan.spec.operator(op)  # KeyError names an unknown operator before anything changes
+        if parallelism < 1:
+            raise RescaleError(f"parallelism of '{op}' must be >= 1, got {parallelism}")
+        if self.current() is not None:
+            raise RescaleError(f"a rescale is in progress: {self.current()}")
+        old = read_assignment(self.r, self.keys, op)
+        state = {
+            "operator": op, "from": old.parallelism, "to": parallelism, "strategy": strategy,
+            "epoch": old.epoch + 1, "phase": PRESTAGE, "started_at": time.time(),
+        }
+        self._save(state)
+        try:
+            return self._advance(state, self.clock())
+        except Exception:
+            if self.current()["phase"] == PRESTAGE:
+                self.resume()  # nothing moved yet: leave the job as it was
+            raise
+
+    def resume(self) -> dict | None:
+        """Finish or roll back a rescale that a previous controller left; None when there was none."""
+        state = self.current()
+        if state is None:
+            return None
+        if state["phase"] == PRESTAGE:
+            if state["strategy"] == "all_at_once":
+                self.fleet.discard_standbys(state["operator"], state["epoch"])
+            self.r.delete(self.keys.standby(state["operator"]), self.keys.rescale_current)
+            return {**state, "phase": "ROLLED_BACK"}
+        return self._advance(state, self.clock())
+
+    # --- phases ------------------------------------------------------------------
+
+    def _advance(self, state: dict, started: float) -> dict:
+        op, n, epoch = state["operator"], state["to"], state["epoch"]
+        paused = None
+        if state["phase"] == PRESTAGE:
+            if state["strategy"] == "all_at_once":
+                self.r.delete(self.keys.standby(op))
+                self.fleet.start_standbys(op, n, epoch)
+                self._wait_standbys(op, n, epoch)
+            state = self._save({**state, "phase": HANDOVER})
+        if state["phase"] == HANDOVER:
+            paused = self.clock()
+            if state["strategy"] == "restart":
+                self.fleet.stop_job()
+            else:
+                self.fleet.stop_old(op, epoch)
+            old = read_assignment(self.r, self.keys, op)
+            new = self._assignment(op, n, epoch)
+            if old.epoch < epoch:  # a resumed HANDOVER may have written it already
+                write_assignment(self.r, self.keys, op, new)
+            state = self._save({**state, "phase": RETIRE, "moved_key_groups": len(moves(old, new))
+                                if old.epoch < epoch else state.get("moved_key_groups", 0)})
+        if state["phase"] == RETIRE:
+            if state["strategy"] == "restart":
+                self.fleet.start_job(self.parallelism())
+            else:
+                self.fleet.adopt(op, n, epoch)
+                self.r.delete(self.keys.standby(op))
+        done = self.clock()
+        record = {k: v for k, v in state.items() if k not in ("phase", "started_at")}
+        record["rescale_s"] = round(done - started, 3)
+        record["pause_ms"] = round((done - (paused if paused is not None else started)) * 1000, 1)
+        pipe = self.r.pipeline()
+        pipe.rpush(self.keys.rescale_history, json.dumps(record))
+        pipe.delete(self.keys.rescale_current)
+        pipe.execute()
+        return record
+
+    def _assignment(self, op: str, parallelism: int, epoch: int) -> Assignment:
+        key_groups = self.plan.key_groups(op)
+        if self.plan.spec.rescale.assignment == "consistent_hashing":
+            return Assignment.consistent_hashing(parallelism, key_groups, epoch=epoch)
+        return Assignment.ranges(parallelism, key_groups, epoch=epoch)
+
+    def _wait_standbys(self, op: str, count: int, epoch: int) -> None:
+        deadline = self.clock() + self.standby_timeout_s
+        while True:
+            ready = [int(e) for e in self.r.hvals(self.keys.standby(op))]
+            if sum(e == epoch for e in ready) >= count:
+                return
+            if self.clock() > deadline:
+                raise RescaleError(f"{count - len(ready)} standby instance(s) of '{op}' not ready "
+                                   f"after {self.standby_timeout_s:.0f} s")
+            self.sleep(0.1)
+
+    def _save(self, state: dict) -> dict:
+        self.r.set(self.keys.rescale_current, json.dumps(state))
+        return state

@@ -1,0 +1,132 @@
+"""The rescale controller's state machine against a real Redis, with a Fleet that records its calls."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from streamjobs_core.loading import parse_job
+from streamjobs_core.plan import JobPlan, read_assignment, write_assignment
+from streamjobs_core.rescale import HANDOVER, PRESTAGE, RescaleController, RescaleError
+
+JOB = {
+    "apiVersion": "streamjobs.dev/v1alpha1", "kind": "StreamJob", "metadata": {"name": "ctl"},
+    "spec": {
+        "maxParallelism": 12,
+        "sources": [{"name": "src", "type": "zipf"}],
+        "stages": [{"name": "agg", "type": "window_aggregate", "inputs": ["src"], "keyBy": "word", "parallelism": 2,
+                    "window": {"type": "tumbling", "sizeMs": 1000}, "aggregations": [{"function": "count", "as": "n"}]}],
+        "sinks": [{"name": "out", "type": "redis_stream", "inputs": ["agg"]}],
+    },
+}
+
+
+class RecordingFleet:
+    """Standbys 'start' by registering in Redis the way workers do; a step may be made to fail once."""
+
+    def __init__(self, r, plan: JobPlan, fail_on: str | None = None, standbys_register: bool = True) -> None:
+        self.r, self.plan, self.fail_on, self.standbys_register = r, plan, fail_on, standbys_register
+        self.calls: list[tuple] = []
+
+    def _call(self, name: str, *args) -> None:
+        self.calls.append((name, *args))
+        if self.fail_on == name:
+            self.fail_on = None
+            raise ConnectionError(f"controller died during {name}")
+
+    def start_standbys(self, op, parallelism, epoch):
+        self._call("start_standbys", op, parallelism, epoch)
+        if self.standbys_register:
+            self.r.hset(self.plan.keys.standby(op), mapping={str(i): epoch for i in range(parallelism)})
+
+    def stop_old(self, op, epoch):
+        self._call("stop_old", op, epoch)
+
+    def adopt(self, op, parallelism, epoch):
+        self._call("adopt", op, parallelism, epoch)
+
+    def discard_standbys(self, op, epoch):
+        self._call("discard_standbys", op, epoch)
+
+    def stop_job(self):
+        self._call("stop_job")
+
+    def start_job(self, parallelism):
+        self._call("start_job", parallelism)
+
+
+@pytest.fixture
+def plan(r):
+    plan = JobPlan(parse_job(JOB), 0)
+    for op in plan.spec.operators:
+        write_assignment(r, plan.keys, op.name, plan.initial_assignment(op.name))
+    return plan
+
+
+def test_all_at_once_goes_prestage_handover_retire_and_records_history(r, plan):
+    fleet = RecordingFleet(r, plan)
+    record = RescaleController(r, plan, fleet).rescale("agg", 4, "all_at_once")
+    assert [c[0] for c in fleet.calls] == ["start_standbys", "stop_old", "adopt"]
+    assignment = read_assignment(r, plan.keys, "agg")
+    assert (assignment.epoch, assignment.parallelism) == (2, 4)
+    assert record["moved_key_groups"] > 0 and record["from"] == 2 and record["to"] == 4
+    assert r.get(plan.keys.rescale_current) is None
+    assert json.loads(r.lindex(plan.keys.rescale_history, -1))["epoch"] == 2
+
+
+def test_restart_stops_and_starts_the_whole_job(r, plan):
+    fleet = RecordingFleet(r, plan)
+    RescaleController(r, plan, fleet).rescale("agg", 3, "restart")
+    assert fleet.calls == [("stop_job",), ("start_job", {"src": 1, "agg": 3, "out": 1})]
+
+
+def test_a_controller_that_died_in_handover_is_finished_by_the_next(r, plan):
+    fleet = RecordingFleet(r, plan, fail_on="stop_old")
+    with pytest.raises(ConnectionError):
+        RescaleController(r, plan, fleet).rescale("agg", 1, "all_at_once")
+    assert json.loads(r.get(plan.keys.rescale_current))["phase"] == HANDOVER
+    assert read_assignment(r, plan.keys, "agg").epoch == 1  # nothing switched yet
+
+    record = RescaleController(r, plan, fleet).resume()
+    assert [c[0] for c in fleet.calls] == ["start_standbys", "stop_old", "stop_old", "adopt"]
+    assert read_assignment(r, plan.keys, "agg").parallelism == 1 and record["epoch"] == 2
+    assert r.get(plan.keys.rescale_current) is None
+
+
+def test_a_controller_that_died_after_the_switch_does_not_switch_twice(r, plan):
+    fleet = RecordingFleet(r, plan, fail_on="adopt")
+    with pytest.raises(ConnectionError):
+        RescaleController(r, plan, fleet).rescale("agg", 4, "all_at_once")
+    assert read_assignment(r, plan.keys, "agg").epoch == 2
+    record = RescaleController(r, plan, fleet).resume()
+    assert read_assignment(r, plan.keys, "agg").epoch == 2 and record["to"] == 4
+    assert record["moved_key_groups"] > 0
+
+
+def test_prestage_that_never_gets_ready_rolls_back_and_leaves_the_job_as_it_was(r, plan):
+    fleet = RecordingFleet(r, plan, standbys_register=False)
+    controller = RescaleController(r, plan, fleet, standby_timeout_s=0.3)
+    with pytest.raises(RescaleError, match="standby"):
+        controller.rescale("agg", 4, "all_at_once")
+    assert fleet.calls == [("start_standbys", "agg", 4, 2), ("discard_standbys", "agg", 2)]
+    assert read_assignment(r, plan.keys, "agg").epoch == 1
+    assert controller.current() is None and controller.history() == []
+
+
+def test_resume_in_prestage_rolls_back(r, plan):
+    r.set(plan.keys.rescale_current, json.dumps(
+        {"operator": "agg", "from": 2, "to": 4, "strategy": "all_at_once", "epoch": 2, "phase": PRESTAGE}))
+    fleet = RecordingFleet(r, plan)
+    assert RescaleController(r, plan, fleet).resume()["phase"] == "ROLLED_BACK"
+    assert fleet.calls == [("discard_standbys", "agg", 2)] and read_assignment(r, plan.keys, "agg").epoch == 1
+
+
+def test_bad_requests_change_nothing(r, plan):
+    controller = RescaleController(r, plan, RecordingFleet(r, plan))
+    with pytest.raises(KeyError):
+        controller.rescale("nope", 2)
+    with pytest.raises(RescaleError, match="strategy"):
+        controller.rescale("agg", 2, "sideways")
+    with pytest.raises(RescaleError, match=">= 1"):
+        controller.rescale("agg", 0)
+    assert controller.current() is None and read_assignment(r, plan.keys, "agg").epoch == 1

@@ -1,0 +1,200 @@
+"""The autoscaler's evaluate / decide / guard-rail / execute steps on a fluid model with an injected clock."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from streamjobs_autoscaler.autoscaler import Autoscaler
+from streamjobs_autoscaler.collect import OperatorCounters, Snapshot
+from streamjobs_autoscaler.evaluate import ds2, evenly_spread, window_rates
+from streamjobs_autoscaler.ports import MemoryDecisionLog
+from streamjobs_autoscaler.topology import OperatorInfo, Topology
+from streamjobs_core.spec import AutoscalerSettings
+
+from .fluid import TOPOLOGY, FluidJob, RecordingEvents
+
+FAST = dict(interval_s=5, metrics_window_s=20, stabilization_s=20, scale_down_delay_s=60, catch_up_seconds=60,
+            expected_rescale_s=0, target_utilization=0.8)
+
+
+def autoscaler(job: FluidJob, policy: str = "ds2", **overrides) -> tuple[Autoscaler, RecordingEvents]:
+    settings = AutoscalerSettings(policy=policy, **{**FAST, **overrides})
+    events = RecordingEvents()
+    job.parallelism_fn = lambda: dict(job.parallelism)
+    scaler = type("S", (), {"parallelism": lambda _: dict(job.parallelism), "rescale": lambda _, o, n: job.rescale(o, n)})()
+    return Autoscaler(TOPOLOGY, settings, job, scaler, MemoryDecisionLog(settings.history_size), events,
+                      job.clock), events
+
+
+def run(job: FluidJob, scaler: Autoscaler, seconds: float) -> list:
+    decisions = []
+    for _ in range(int(seconds)):
+        job.advance(1)
+        decision = scaler.tick()
+        if decision is not None and decision.executed:
+            decisions.append(decision)
+    return decisions
+
+
+# --- evaluate ------------------------------------------------------------------
+
+
+def test_true_rate_counts_busy_time_only():
+    a = Snapshot(0, {"op": OperatorCounters(instances=2, records_in=0, busy_s=0, idle_s=0)})
+    b = Snapshot(10, {"op": OperatorCounters(instances=2, records_in=5000, records_out=2500, busy_s=5, idle_s=15,
+                                             lag=300)})
+    rates = window_rates([a, b])["op"]
+    assert rates.input_per_s == 500 and rates.output_per_s == 250
+    assert rates.true_rate_per_instance == 1000  # 5000 records in 5 busy seconds, whatever the wall time
+    assert rates.busy_ratio == 0.25 and rates.backlog == 300
+
+
+def test_source_target_includes_backlog_growth_and_catch_up():
+    a = Snapshot(0, {"src": OperatorCounters(records_in=0, pending=0, busy_s=0.0)})
+    b = Snapshot(10, {"src": OperatorCounters(records_in=10_000, records_out=10_000, pending=6_000, busy_s=1)})
+    settings = AutoscalerSettings(catch_up_seconds=60, expected_rescale_s=0)
+    topology = Topology((OperatorInfo("src", (), 1, 120, True),))
+    target = ds2(topology, window_rates([a, b]), settings)["src"]
+    # 1,600 rec/s arrive (1,000 emitted + 600 piling up); 6,000 pending caught up in 60 s.
+    assert target.target_rate == pytest.approx(1600 + 100)
+
+
+def test_targets_flow_downstream_through_selectivity():
+    job = FluidJob(rate=4000, selectivity=0.25)
+    job.advance(30)
+    a = job.collect(0)
+    job.advance(30)
+    targets = ds2(TOPOLOGY, window_rates([a, job.collect(job.now)]), AutoscalerSettings(expected_rescale_s=0))
+    assert targets["stage"].target_rate > 4000  # the input rate plus the lag that already piled up
+    assert targets["sink"].target_rate == pytest.approx(targets["stage"].target_rate * 0.25)
+
+
+@pytest.mark.parametrize(("needed", "bounds", "expected"), [
+    (6.2, (1, 120), (8, False)),  # 7 does not divide 120
+    (4.0, (1, 120), (4, False)),
+    (0.3, (1, 120), (1, False)),
+    (9.0, (1, 8), (8, True)),  # the bound keeps it below what is needed: the decision says so
+    (2.5, (3, 120), (3, False)),
+])
+def test_parallelism_is_rounded_up_to_a_divisor_of_the_key_groups(needed, bounds, expected):
+    assert evenly_spread(needed, 120, *bounds) == expected
+
+
+# --- decide and execute ------------------------------------------------------------
+
+
+def test_ds2_reaches_the_optimum_in_one_decision_on_a_step_up():
+    job = FluidJob(rate=700)
+    scaler, _ = autoscaler(job)
+    run(job, scaler, 60)
+    job.rate = 2800  # x4
+    decisions = run(job, scaler, 120)
+    optimum = math.ceil(2800 / (1000 * 0.8))
+    assert job.rescales[0] == ("stage", evenly_spread(optimum, 120, 1, 120)[0])
+    assert len(decisions) == 1 and decisions[0].changes[0].rule == "ds2"
+    assert "true rate 1,000 rec/s per instance" in decisions[0].changes[0].explain()
+
+
+def test_reactive_climbs_one_instance_at_a_time():
+    job = FluidJob(rate=700)
+    scaler, _ = autoscaler(job, policy="reactive", lag_high_records=2000)
+    run(job, scaler, 60)
+    job.rate = 2800
+    run(job, scaler, 400)
+    steps = [n for op, n in job.rescales if op == "stage"]
+    assert steps[:3] == [2, 3, 4]
+
+
+def test_no_decision_on_metrics_that_include_a_rescale():
+    job = FluidJob(rate=2800)
+    scaler, _ = autoscaler(job)
+    collected = []
+    scaler.collector = type("C", (), {"collect": lambda _, now: collected.append(now) or job.collect(now)})()
+    first = run(job, scaler, 50)
+    assert len(first) == 1
+    rescaled_at = first[0].time
+    later = run(job, scaler, 120)
+    assert not [t for t in collected if rescaled_at < t < rescaled_at + FAST["stabilization_s"]]
+    assert later and later[0].time >= rescaled_at + FAST["stabilization_s"] + FAST["metrics_window_s"]
+
+
+def test_scale_down_waits_and_applies_the_largest_recommendation_of_the_delay():
+    job = FluidJob(rate=3000)
+    job.parallelism["stage"] = 4
+    scaler, events = autoscaler(job)
+    seen = []
+    for rate, seconds in ((3000, 40), (400, 20), (1500, 20), (400, 60)):
+        job.rate = rate
+        for _ in range(seconds):
+            job.advance(1)
+            if (decision := scaler.tick()) is not None:
+                seen.append(decision)
+    stage = [next(d for d in decision.operators if d.operator == "stage") for decision in seen]
+    delayed = [d for d in stage if d.rule == "scale-down delay"]
+    applied = [d for d in stage if d.changes]
+    assert delayed and applied and job.rescales == [("stage", applied[0].parallelism)]
+    # Not the latest recommendation (1, for the last minute's load) but the largest of the delay.
+    assert applied[0].parallelism == max(d.recommended for d in [*delayed, applied[0]]) > applied[0].recommended
+    assert any(reason == "ScaleDownDelayed" for reason, _, _ in events.events)
+
+
+def test_max_scale_factor_limits_one_step():
+    job = FluidJob(rate=20_000)
+    scaler, _ = autoscaler(job, max_scale_factor=2)
+    run(job, scaler, 50)
+    assert job.rescales == [("stage", 2)]
+
+
+def test_ineffective_scale_up_blocks_further_scale_ups_and_alerts():
+    job = FluidJob(rate=3000, capacity_cap=1000)  # a shared bottleneck: more instances add nothing
+    scaler, events = autoscaler(job)
+    run(job, scaler, 200)
+    stage_ups = [n for op, n in job.rescales if op == "stage"]
+    assert len(stage_ups) == 1
+    assert any(reason == "IneffectiveScaling" and warning for reason, _, warning in events.events)
+    judged = [e for e in scaler.log.entries() if "gain_share" in e]
+    assert judged and judged[0]["gain_share"] < 0.1
+
+
+def test_history_vetoes_a_scale_down_that_a_recent_scale_up_would_undo():
+    job = FluidJob(rate=2800)
+    scaler, events = autoscaler(job, scale_down_delay_s=0, scale_down_history_horizon_s=600)
+    run(job, scaler, 50)
+    assert job.rescales == [("stage", 4)]
+    job.rate = 300
+    run(job, scaler, 120)
+    assert job.rescales == [("stage", 4)]
+    assert any(reason == "ScaleDownVetoed" for reason, _, _ in events.events)
+
+
+def test_off_never_collects():
+    job = FluidJob(rate=50_000)
+    scaler, _ = autoscaler(job, policy="off")
+    assert run(job, scaler, 120) == [] and job.rescales == []
+
+
+def test_a_failed_rescale_is_reported_and_the_loop_goes_on():
+    job = FluidJob(rate=2800)
+    scaler, events = autoscaler(job)
+
+    def broken(op, n):
+        raise RuntimeError("standbys not ready")
+
+    scaler.scaler = type("S", (), {"parallelism": lambda _: dict(job.parallelism), "rescale": lambda _, o, n: broken(o, n)})()
+    for _ in range(50):
+        job.advance(1)
+        scaler.tick()
+    assert any(reason == "RescaleFailed" and "standbys not ready" in message for reason, message, _ in events.events)
+    assert scaler.log.entries()[-1]["executed"] is False
+
+
+def test_a_worker_restart_restarts_the_window_like_a_rescale():
+    job = FluidJob(rate=700)
+    scaler, _ = autoscaler(job)
+    run(job, scaler, 38)
+    job.counters["stage"].records_in = job.counters["stage"].busy_s = 0.0  # the restarted worker counts from 0
+    assert run(job, scaler, 10) == [] and not scaler._window
+    job.rate = 2800
+    decisions = run(job, scaler, 80)
+    assert decisions and decisions[0].time >= 38 + FAST["stabilization_s"] + FAST["metrics_window_s"]
