@@ -68,8 +68,10 @@ def _status(args) -> int:
     pending = [json.loads(x) for x in r.lrange(keys.rescale_requests, 0, -1)]
     history = [json.loads(x) for x in r.lrange(keys.rescale_history, 0, -1)]
     current = r.get(keys.rescale_current)
+    decisions = [json.loads(x) for x in r.lrange(keys.autoscaler_decisions, -5, -1)]
     print(json.dumps({"job": args.job, "operators": out, "rescale_in_progress": json.loads(current) if current else None,
-                      "rescales_pending": pending, "rescales": history}, indent=2))
+                      "rescales_pending": pending, "rescales": history,
+                      "autoscaler": {"policy": plan.spec.autoscaler.policy, "last_decisions": decisions}}, indent=2))
     return 0
 
 

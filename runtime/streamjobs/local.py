@@ -36,6 +36,7 @@ class _Instance:
     op: str
     index: int
     process: subprocess.Popen
+    extra_args: tuple[str, ...] = ()
 
 
 @dataclass
@@ -117,6 +118,12 @@ class LocalRuntime:
                 self._spawn(op, index)
                 self.total_restarts += 1
                 restarted.append(f"{op}/{index} (exit {code})")
+        for (op, index), inst in list(self.standbys.items()):
+            code = inst.process.poll()
+            if code is not None and self.restart_workers:
+                self.standbys[(op, index)] = _Instance(op, index, self._popen(op, index, *inst.extra_args))
+                self.total_restarts += 1
+                restarted.append(f"standby {op}/{index} (exit {code})")
         return restarted
 
     def kill(self, op: str, index: int, sig: int = signal.SIGKILL) -> None:
@@ -153,12 +160,15 @@ class LocalRuntime:
         return record
 
     def controller(self) -> RescaleController:
-        return RescaleController(self.r, self.plan, self, standby_timeout_s=self.ready_timeout_s)
+        # Waiting inside a rescale still supervises: an old owner or a standby that dies is restarted.
+        return RescaleController(self.r, self.plan, self, standby_timeout_s=self.ready_timeout_s,
+                                 sleep=lambda seconds: (self.supervise(), time.sleep(seconds)))
 
     def start_standbys(self, op: str, parallelism: int, epoch: int) -> None:
         for i in range(parallelism):
             if (op, i) not in self.standbys:
-                self.standbys[(op, i)] = _Instance(op, i, self._popen(op, i, "--await-epoch", str(epoch)))
+                args = ("--await-epoch", str(epoch))
+                self.standbys[(op, i)] = _Instance(op, i, self._popen(op, i, *args), args)
 
     def stop_old(self, op: str, epoch: int) -> None:
         self._stop([k for k in self.instances if k[0] == op])

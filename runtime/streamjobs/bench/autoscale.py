@@ -10,6 +10,7 @@ groups. Every run is verified against the oracle (lost, duplicated).
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from streamjobs_core.spec import StreamJob
 from ..run import run_job
 
 COST_US = 1000
-BASE = 500.0
+BASE = 300.0
 MAX_INSTANCES = 5  # each instance is a JVM; 5 divides 120 key groups
 LAG_SLO_S = 10.0  # the backlog should stay under this many seconds of input
 POLICIES = ("ds2", "reactive")
@@ -34,7 +35,7 @@ _SETTINGS = {"intervalS": 2, "metricsWindowS": 10, "stabilizationS": 10, "scaleD
 
 def profiles(quick: bool) -> dict[str, tuple[dict, float, float]]:
     """name -> (rate profile, duration s, time of the load change s)."""
-    hold = 150.0 if quick else 300.0
+    hold = 120.0 if quick else 300.0
     return {
         "step_up": ({"profile": "steps", "recordsPerSecond": BASE,
                      "steps": [{"atS": 40, "recordsPerSecond": 4 * BASE}]}, 40 + hold, 40.0),
@@ -49,7 +50,7 @@ def profiles(quick: bool) -> dict[str, tuple[dict, float, float]]:
 
 def bench_job(name: str, rate: dict, policy: str, parallelism: int) -> StreamJob:
     return parse_job({
-        "apiVersion": "streamjobs.dev/v1alpha1", "kind": "StreamJob", "metadata": {"name": f"bench-{name}"},
+        "apiVersion": "streamjobs.dev/v1alpha1", "kind": "StreamJob", "metadata": {"name": f"bench-{name.replace('_', '-')}"},
         "spec": {
             "sources": [{"name": "words", "type": "zipf", "vocabulary": 500, "outOfOrderMs": 200, "rate": rate}],
             "stages": [{"name": "count", "type": "window_aggregate", "inputs": ["words"], "keyBy": "word",
@@ -67,32 +68,47 @@ def optimal(rate: float, utilization: float) -> int:
 
 
 class Timeline:
-    """Samples input rate, throughput, lag and parallelism about once a second (the `during` hook)."""
+    """Samples input rate, throughput, lag and parallelism once a second in its own thread: a
+    rescale blocks the runtime's loop (and its `during` hook) for as long as it takes."""
 
-    def __init__(self, curve: RateCurve) -> None:
+    def __init__(self, curve: RateCurve, until_s: float) -> None:
         self.curve = curve
+        self.until_s = until_s  # the sources stop then; the drain is not part of the timeline
         self.rows: list[dict] = []
-        self._previous = None
         self.started_monotonic: float | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
 
     def __call__(self, runtime, elapsed: float) -> None:
-        if self.started_monotonic is None:
+        if self._thread is None:
             self.started_monotonic = time.monotonic() - elapsed
-            self._collector = EndpointCollector(runtime.r, runtime.keys)
-        if self.rows and elapsed - self.rows[-1]["t"] < 1.0:
-            return
-        snapshot = self._collector.collect(time.monotonic())
-        count = snapshot.operators.get("count")
-        if count is None:
-            return
-        row = {"t": elapsed, "offered": self.curve.rate_at(time.time() - runtime.plan.t0_ms / 1000),
-               "lag": count.lag, "parallelism": runtime.parallelism["count"], "throughput": None}
-        if self._previous is not None and "count" in self._previous.operators:
-            dt = snapshot.time - self._previous.time
-            done = count.records_in - self._previous.operators["count"].records_in
-            row["throughput"] = max(0.0, done / dt) if done >= 0 else None  # None across a worker's restart
-        self._previous = snapshot
-        self.rows.append(row)
+            self._thread = threading.Thread(target=self._sample, args=(runtime,), daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _sample(self, runtime) -> None:
+        collector = EndpointCollector(runtime.r, runtime.keys)
+        previous = None
+        while not self._stop.wait(1.0):
+            snapshot = collector.collect(time.monotonic())
+            if snapshot.time - self.started_monotonic > self.until_s:
+                return
+            count = snapshot.operators.get("count")
+            if count is None:
+                continue
+            row = {"t": snapshot.time - self.started_monotonic,
+                   "offered": self.curve.rate_at(time.time() - runtime.plan.t0_ms / 1000),
+                   "lag": count.lag, "parallelism": runtime.parallelism["count"], "throughput": None}
+            if previous is not None and "count" in previous.operators:
+                done = count.records_in - previous.operators["count"].records_in
+                # None across a worker's restart or a handover (counters start again)
+                row["throughput"] = done / (snapshot.time - previous.time) if done >= 0 else None
+            previous = snapshot
+            self.rows.append(row)
 
 
 def scenario(name: str, rate: dict, duration_s: float, change_at: float, policy: str, console: Console) -> dict:
@@ -100,8 +116,11 @@ def scenario(name: str, rate: dict, duration_s: float, change_at: float, policy:
     utilization = bench_job(name, rate, policy, 1).spec.autoscaler.target_utilization
     start_parallelism = optimal(curve.rate_at(0), utilization)
     job = bench_job(name, rate, policy, start_parallelism)
-    timeline = Timeline(curve)
-    report = run_job(job, duration_s, console=console, during=timeline)
+    timeline = Timeline(curve, duration_s)
+    try:
+        report = run_job(job, duration_s, console=console, during=timeline)
+    finally:
+        timeline.stop()
     started = timeline.started_monotonic or 0.0
     executed = [d for d in report["autoscaler"]["decisions"] if d.get("executed")]
     changes = [(d["time"] - started, o) for d in executed for o in d["operators"]
