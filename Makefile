@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test test-unit lint clean
+.PHONY: setup demo test test-unit lint clean kind-e2e
 
 setup: $(VENV)/.installed .redis-server .prometheus
 
@@ -38,6 +38,10 @@ test: setup
 
 test-unit: setup
 	$(BIN)/pytest tests/unit
+
+# Needs Docker, kind, kubectl and helm: a real cluster for users; not run in CI.
+kind-e2e:
+	scripts/kind-e2e.sh
 
 clean:
 	rm -rf $(VENV) .redis-server .prometheus reports

@@ -1,5 +1,6 @@
 """Test layers by folder: unit (no services), integration (real redis-server,
-real Spark, real processes), e2e (whole jobs, chaos)."""
+real Spark, real processes), e2e (whole jobs, chaos), operator (the kopf operator
+against kmock's emulated API server with real Redis and worker processes; the chart)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-_LAYERS = ("unit", "integration", "e2e")
+_LAYERS = ("unit", "integration", "e2e", "operator")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

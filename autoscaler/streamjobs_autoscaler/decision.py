@@ -55,4 +55,6 @@ class Decision:
         return tuple(d for d in self.operators if d.changes)
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "operators": [asdict(d) | {"why": d.explain()} for d in self.operators]}
+        shown = self.changes or self.operators
+        return {**asdict(self), "operators": [asdict(d) | {"why": d.explain()} for d in self.operators],
+                "summary": "; ".join(d.explain() for d in shown)}

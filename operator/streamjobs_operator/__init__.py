@@ -1,1 +1,1 @@
-"""kopf operator for StreamJob resources (issue 5); run as `kopf run -m streamjobs_operator.main`."""
+"""kopf operator for StreamJob resources; run as `kopf run -m streamjobs_operator.handlers`."""

@@ -24,6 +24,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--operator", required=True)
     parser.add_argument("--instance", type=int, default=int(os.environ.get("STREAMJOBS_INSTANCE", "0")))
     parser.add_argument("--metrics-host", default=os.environ.get("STREAMJOBS_METRICS_HOST", "127.0.0.1"))
+    parser.add_argument("--metrics-port", type=int, default=int(os.environ.get("STREAMJOBS_METRICS_PORT", "0")),
+                        help="0: any free port (several instances share a host in the local runtime)")
+    parser.add_argument("--advertise-host", default=os.environ.get("STREAMJOBS_POD_IP"),
+                        help="address others scrape /metrics at (default: --metrics-host)")
     parser.add_argument(
         "--await-epoch", type=int, default=None,
         help="start as a standby: warm up Spark, then wait until the operator's assignment reaches this epoch",
@@ -38,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     if args.await_epoch is not None and not standby(r, plan, args.operator, args.instance, args.await_epoch, stop):
         return 0
-    Worker(r, plan, args.operator, args.instance, args.metrics_host).run(stop)
+    Worker(r, plan, args.operator, args.instance, args.metrics_host, args.metrics_port, args.advertise_host).run(stop)
     return 0
 
 

@@ -42,7 +42,10 @@ SPARK_OPERATOR_TYPES = ("sql", "pyspark", "window_aggregate", "stateful", "parqu
 
 
 class Worker:
-    def __init__(self, r: redis.Redis, plan: JobPlan, op: str, instance: int, metrics_host: str = "127.0.0.1") -> None:
+    def __init__(
+        self, r: redis.Redis, plan: JobPlan, op: str, instance: int, metrics_host: str = "127.0.0.1",
+        metrics_port: int = 0, advertise_host: str | None = None,
+    ) -> None:
         self.r = r
         self.plan = plan
         self.op = op
@@ -69,8 +72,9 @@ class Worker:
         self.sink = make_sink(plan, op, instance) if self.is_sink else None
         self.router = OutputRouter(plan, op, runs(self.owned)) if plan.edges_out(op) else None
         # Registering the endpoint tells the runtime this instance is ready (Spark is up).
-        port = self.metrics.serve(host=metrics_host)
-        r.hset(keys.metrics_endpoints, f"{op}/{instance}", f"{metrics_host}:{port}")
+        port = self.metrics.serve(host=metrics_host, port=metrics_port)
+        # In a pod the server listens on every interface; others reach it at the pod's IP.
+        r.hset(keys.metrics_endpoints, f"{op}/{instance}", f"{advertise_host or metrics_host}:{port}")
 
         batching = plan.spec.batching
         self._entries_per_stream = 1

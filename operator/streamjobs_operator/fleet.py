@@ -1,0 +1,127 @@
+"""The rescale controller's Fleet port on Kubernetes: one StatefulSet per operator and assignment epoch.
+
+A rescale of operator OP to epoch E creates StatefulSet `<job>-<op>-e<E>`,
+whose pods start as standbys (`--await-epoch E`); once they are warm, the older
+StatefulSets of OP are scaled to zero (their workers stop after their last
+commit on SIGTERM) and, after the controller wrote assignment E, deleted. The
+controller owns the order and the waiting on Redis; every method here is
+idempotent, so a controller that resumes after an operator restart may repeat any.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from .kube import Kube
+from .resources import LABEL_EPOCH, Owner, labels, statefulset_name
+
+# (op, epoch, replicas, standby) -> StatefulSet manifest
+StatefulSetBuilder = Callable[[str, int, int, bool], dict]
+
+
+class KubernetesFleet:
+    def __init__(self, kube: Kube, owner: Owner, build: StatefulSetBuilder, timeout_s: float = 600.0,
+                 poll_s: float = 0.5) -> None:
+        self.kube = kube
+        self.owner = owner
+        self.build = build
+        self.timeout_s = timeout_s
+        self.poll_s = poll_s
+
+    # --- Fleet -----------------------------------------------------------------
+
+    def start_standbys(self, op: str, parallelism: int, epoch: int) -> None:
+        self.ensure(self.build(op, epoch, parallelism, True), parallelism)
+
+    def stop_old(self, op: str, epoch: int) -> None:
+        old = [s for s in self.statefulsets(op) if epoch_of(s) < epoch]
+        for sts in old:
+            self._scale(sts, 0)
+        self.wait_gone(op, lambda pod: epoch_of(pod) < epoch)
+
+    def adopt(self, op: str, parallelism: int, epoch: int) -> None:
+        for sts in self.statefulsets(op):
+            if epoch_of(sts) < epoch:
+                self.kube.delete("statefulsets", self.owner.namespace, sts["metadata"]["name"])
+
+    def discard_standbys(self, op: str, epoch: int) -> None:
+        self.kube.delete("statefulsets", self.owner.namespace, statefulset_name(self.owner.name, op, epoch))
+        self.wait_gone(op, lambda pod: epoch_of(pod) == epoch)
+
+    def stop_job(self) -> None:
+        for sts in self.statefulsets():
+            self._scale(sts, 0)
+        self.wait_gone(None, lambda pod: True)
+
+    def start_job(self, parallelism: dict[str, int]) -> None:
+        for op, n in parallelism.items():
+            current = self.current(op)
+            if current is None:
+                # The restart baseline may follow a crash that left no StatefulSet: recreate one (not a standby).
+                self.ensure(self.build(op, 1, n, False), n)
+            else:
+                self._scale(current, n)
+        self.wait_ready(parallelism)
+
+    def wait_ready(self, parallelism: dict[str, int]) -> None:
+        """Wait until each operator's current StatefulSet reports that many ready pods."""
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            short = {op: n for op, n in parallelism.items() if _ready(self.current(op)) < n}
+            if not short:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"operators not ready after {self.timeout_s:.0f} s: {short}")
+            time.sleep(self.poll_s)
+
+    # --- queries and helpers ---------------------------------------------------
+
+    def statefulsets(self, op: str | None = None) -> list[dict]:
+        return self.kube.list("statefulsets", self.owner.namespace, labels(self.owner.name, op))
+
+    def current(self, op: str) -> dict | None:
+        """The StatefulSet of the newest epoch: the operator's instances once a rescale is adopted."""
+        found = self.statefulsets(op)
+        return max(found, key=epoch_of) if found else None
+
+    def pods(self, op: str | None = None) -> list[dict]:
+        return self.kube.list("pods", self.owner.namespace, labels(self.owner.name, op))
+
+    def scale_all(self, replicas: Callable[[str], int]) -> None:
+        """Scale each operator's current StatefulSet (suspend: 0; resume: its assigned parallelism)."""
+        ops = {s["metadata"]["labels"].get("streamjobs.dev/operator") for s in self.statefulsets()}
+        for op in sorted(o for o in ops if o):
+            current = self.current(op)
+            if current is not None:
+                self._scale(current, replicas(op))
+
+    def ensure(self, manifest: dict, replicas: int) -> None:
+        """Create the StatefulSet unless it exists, and give it `replicas`."""
+        existing = self.kube.ensure("statefulsets", manifest)
+        if (existing.get("spec") or {}).get("replicas") != replicas:
+            self._scale(existing, replicas)
+
+    def _scale(self, sts: dict, replicas: int) -> None:
+        if (sts.get("spec") or {}).get("replicas") != replicas:
+            self.kube.patch("statefulsets", self.owner.namespace, sts["metadata"]["name"],
+                            {"spec": {"replicas": replicas}})
+
+    def wait_gone(self, op: str | None, which: Callable[[dict], bool]) -> None:
+        """Wait until the matching pods are gone: their workers made their last commit and exited."""
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            left = [p["metadata"]["name"] for p in self.pods(op) if which(p)]
+            if not left:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"pods still running after {self.timeout_s:.0f} s: {', '.join(sorted(left))}")
+            time.sleep(self.poll_s)
+
+
+def _ready(sts: dict | None) -> int:
+    return int(((sts or {}).get("status") or {}).get("readyReplicas") or 0)
+
+
+def epoch_of(obj: dict) -> int:
+    return int(((obj.get("metadata") or {}).get("labels") or {}).get(LABEL_EPOCH, "0"))

@@ -1,0 +1,125 @@
+"""kopf wiring only: `kopf run -m streamjobs_operator.handlers` (the logic lives in reconcile.py).
+
+Handlers are sync on purpose: they call the Kubernetes and Redis clients and
+the rescale controller, all blocking, and kopf runs sync handlers in its
+thread pool, one object at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import kopf
+from streamjobs_core.crd import PLURAL
+from streamjobs_core.spec import API_GROUP, API_VERSION
+
+from . import reconcile, status
+from .config import Settings
+from .kube import Kube, KubeError
+from .reconcile import JobContext, NotReady, SpecError, UnsupportedChange
+from .resources import Owner
+from .store import NoRedis
+
+VERSION = API_VERSION.removeprefix(f"{API_GROUP}/")
+RESOURCE = (API_GROUP, VERSION, PLURAL)
+FINALIZER = f"{API_GROUP}/redis-keys"
+SETTINGS = Settings.from_env()
+
+log = logging.getLogger(__name__)
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    settings.persistence.finalizer = FINALIZER
+    # Handler progress in annotations: the status belongs to the job's own fields (kubectl get sj).
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=API_GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=API_GROUP)
+    settings.posting.level = logging.WARNING  # Events for what users must act on, not every handler run
+    memo.kube = Kube()
+    memo.settings = Settings.from_env()  # read at start, not import: tests and restarts see the current env
+
+
+def _context(body: kopf.Body, memo: kopf.Memo) -> JobContext | None:
+    """The job, or None after reporting an invalid spec in the status and as an Event."""
+    try:
+        return JobContext.of(body, memo.kube, memo.settings)
+    except SpecError as exc:
+        _invalid(body, memo, exc.errors)
+        return None
+
+
+def _invalid(body: kopf.Body, memo: kopf.Memo, errors: list[tuple[str, str]]) -> None:
+    status.StatusWriter(memo.kube, Owner.of(body)).invalid(errors)
+    for path, message in errors:
+        kopf.warn(body, reason="InvalidSpec", message=f"{path}: {message}")
+
+
+def _run(body: kopf.Body, memo: kopf.Memo, step) -> str | None:
+    """One reconcile step with its failures mapped onto kopf: retry later, or report and stop."""
+    ctx = _context(body, memo)
+    if ctx is None:
+        return None
+    try:
+        phase = step(ctx)
+    except NotReady as exc:
+        ctx.status.phase(status.DEPLOYING, str(exc))
+        raise kopf.TemporaryError(str(exc), delay=exc.delay_s) from None
+    except (NoRedis, UnsupportedChange) as exc:
+        ctx.status.patch(error=str(exc))
+        kopf.warn(body, reason="Rejected", message=str(exc))
+        return None
+    except (LookupError, KubeError) as exc:  # a missing Secret, an API error: may heal
+        kopf.warn(body, reason="Failed", message=str(exc))
+        raise kopf.TemporaryError(str(exc), delay=10) from None
+    ctx.status.phase(phase)
+    return phase
+
+
+@kopf.on.create(*RESOURCE)
+def create(body: kopf.Body, memo: kopf.Memo, **_: Any) -> str | None:
+    return _run(body, memo, lambda ctx: reconcile.deploy(ctx, body))
+
+
+@kopf.on.update(*RESOURCE, field="spec")
+def update(body: kopf.Body, memo: kopf.Memo, **_: Any) -> str | None:
+    def report(reason: str, record: dict) -> None:
+        # kopf.event, not kopf.info: posting.level (WARNING, against per-handler noise) filters the latter.
+        kopf.event(body, type="Normal", reason=reason, message=json.dumps(record, sort_keys=True))
+
+    return _run(body, memo, lambda ctx: reconcile.update(ctx, body, report))
+
+
+@kopf.on.resume(*RESOURCE)
+def resume(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """After an operator restart: a rescale the controller persisted in Redis resumes (or rolls back)."""
+    if (body.get("status") or {}).get("phase") in (None, status.INVALID):
+        return
+    ctx = _context(body, memo)
+    if ctx is not None:
+        outcome = reconcile.resume_rescale(ctx)
+        if outcome is not None:
+            kopf.event(body, type="Normal", reason="RescaleResumed", message=json.dumps(outcome))
+
+
+@kopf.on.delete(*RESOURCE)
+def delete(body: kopf.Body, memo: kopf.Memo, retry: int, **_: Any) -> None:
+    try:
+        deleted = reconcile.cleanup(Owner.of(body), body, memo.kube, memo.settings.ready_timeout_s)
+    except Exception as exc:
+        if retry < 5:
+            raise kopf.TemporaryError(f"cannot clean up yet: {exc}", delay=5) from exc
+        # Never block a deletion forever on an unreachable Redis; say what was left behind.
+        kopf.warn(body, reason="CleanupFailed", message=f"the job's Redis keys may remain: {exc}")
+        return
+    log.info("removed %d Redis keys of %s", deleted, body["metadata"]["name"])
+
+
+@kopf.timer(*RESOURCE, interval=SETTINGS.status_interval_s, initial_delay=1.0)
+def refresh(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    if (body.get("status") or {}).get("phase") in (None, status.INVALID, status.DEPLOYING):
+        return
+    ctx = _context(body, memo)
+    if ctx is not None:
+        reconcile.refresh_status(ctx)

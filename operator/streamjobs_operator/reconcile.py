@@ -1,0 +1,256 @@
+"""What the operator does for one StreamJob, free of kopf: deploy, rescale, suspend, clean up.
+
+handlers.py maps kopf's events onto these functions; everything here is
+idempotent, because kopf retries a handler that failed or that the operator's
+restart interrupted.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from streamjobs_core.layout import JobKeys
+from streamjobs_core.loading import SpecError, parse_job
+from streamjobs_core.plan import JobPlan
+from streamjobs_core.rescale import RescaleController
+from streamjobs_core.spec import StreamJob
+
+from . import resources, status, store
+from .config import Settings
+from .fleet import KubernetesFleet, epoch_of
+from .kube import Kube
+from .resources import Owner, RedisTarget
+
+# Written on the StreamJob once its Redis is known, so the finalizer can clean
+# that Redis even after the spec became invalid.
+REDIS_ANNOTATION = "streamjobs.dev/redis"
+
+
+class NotReady(Exception):
+    """Come back later (kopf: a temporary error with a delay)."""
+
+    def __init__(self, message: str, delay_s: float = 2.0) -> None:
+        super().__init__(message)
+        self.delay_s = delay_s
+
+
+class UnsupportedChange(ValueError):
+    """A change that needs a new job, not a rescale: the message names the fields."""
+
+
+def job_of(body: Any) -> StreamJob:
+    """The StreamJob model of a custom resource; raises SpecError naming each invalid field."""
+    meta = body.get("metadata") or {}
+    document = {"apiVersion": body.get("apiVersion"), "kind": body.get("kind"),
+                "metadata": {"name": meta.get("name"), "namespace": meta.get("namespace")},
+                "spec": body.get("spec")}
+    return parse_job(document)
+
+
+@dataclass
+class JobContext:
+    owner: Owner
+    job: StreamJob
+    kube: Kube
+    settings: Settings
+
+    @classmethod
+    def of(cls, body: Any, kube: Kube, settings: Settings) -> JobContext:
+        return cls(Owner.of(body), job_of(body), kube, settings)
+
+    @property
+    def target(self) -> RedisTarget:
+        return store.redis_target(self.job, self.settings)
+
+    @property
+    def status(self) -> status.StatusWriter:
+        return status.StatusWriter(self.kube, self.owner)
+
+    @contextmanager
+    def redis(self, target: RedisTarget | None = None):
+        r = store.open_redis(self.kube, self.owner.namespace, target or self.target)
+        try:
+            yield r
+        finally:
+            r.close()
+
+    def build(self, op: str, epoch: int, replicas: int, standby: bool) -> dict:
+        return resources.statefulset(self.owner, op, epoch, replicas, standby=standby, redis=self.target,
+                                     settings=self.settings)
+
+    def fleet(self) -> KubernetesFleet:
+        return KubernetesFleet(self.kube, self.owner, self.build, timeout_s=self.settings.ready_timeout_s)
+
+
+def deploy(ctx: JobContext, body: Any) -> str:
+    """Plan and assignments in Redis, then the objects; stages and sinks first, sources once those are ready.
+
+    Returns the phase reached; raises NotReady while stages and sinks warm up.
+    """
+    job, owner, kube = ctx.job, ctx.owner, ctx.kube
+    target = ctx.target
+    annotation = json.dumps({"url": target.url, "passwordSecret": target.password_secret})
+    if ((body.get("metadata") or {}).get("annotations") or {}).get(REDIS_ANNOTATION) != annotation:
+        kube.patch("streamjobs", owner.namespace, owner.name, {"metadata": {"annotations": {REDIS_ANNOTATION: annotation}}})
+    with ctx.redis(target) as r:
+        store.deploy(r, job, owner.uid)
+        plan = store.read_plan(r, owner.name)
+        kube.ensure("configmaps", resources.configmap(owner, plan.to_json()))
+        assigned = store.assignments(r, plan)
+        sources = {s.name for s in job.spec.sources}
+        fleet = ctx.fleet()
+        for op in job.spec.operators:
+            kube.ensure("services", resources.service(owner, op.name))
+        for op in job.spec.operators:
+            if op.name not in sources:
+                _ensure_operator(ctx, fleet, op.name, assigned[op.name])
+        if job.spec.suspend:
+            return status.SUSPENDED
+        if all(fleet.current(s) is not None for s in sources):
+            # Started before: only a resume from suspend to apply (the sources' backpressure waits for the rest).
+            for name in sources:
+                _ensure_operator(ctx, fleet, name, assigned[name])
+            return status.RUNNING
+        wanted = {f"{op}/{i}" for op, (_, n) in assigned.items() if op not in sources for i in range(n)}
+        missing = wanted - store.registered(r, owner.name)
+        if missing:
+            raise NotReady(f"waiting for {len(missing)} stage and sink workers to warm up: {', '.join(sorted(missing))}")
+        plan = store.restamp_t0(r, owner.name)
+        kube.patch("configmaps", owner.namespace, resources.configmap_name(owner.name),
+                   {"data": {"plan.json": plan.to_json()}})
+        for name in sources:
+            _ensure_operator(ctx, fleet, name, assigned[name])
+    return status.RUNNING
+
+
+def _ensure_operator(ctx: JobContext, fleet: KubernetesFleet, op: str, assigned: tuple[int, int]) -> None:
+    """Create the operator's StatefulSet if it has none; bring it back from zero replicas after a suspend.
+
+    A StatefulSet newer than the assignment belongs to a rescale in progress,
+    which the rescale controller finishes: it is left alone.
+    """
+    epoch, n = assigned
+    replicas = 0 if ctx.job.spec.suspend else n
+    current = fleet.current(op)
+    if current is None:
+        fleet.ensure(ctx.build(op, epoch, replicas, False), replicas)
+    elif not ctx.job.spec.suspend and epoch_of(current) <= epoch and not (current.get("spec") or {}).get("replicas"):
+        fleet.ensure(current, replicas)
+
+
+def check_change(deployed: StreamJob, wanted: StreamJob) -> None:
+    """Only parallelism and suspend change live; anything else needs a new job (the plan is immutable)."""
+    def frozen_part(job: StreamJob) -> dict:
+        spec = job.spec.model_dump(mode="json", by_alias=True)
+        spec.pop("suspend")
+        for group in ("sources", "stages", "sinks"):
+            for op in spec[group]:
+                op.pop("parallelism")
+        return spec
+
+    old, new = frozen_part(deployed), frozen_part(wanted)
+    changed = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+    if changed:
+        raise UnsupportedChange(
+            ", ".join(f"spec.{k}" for k in changed) + ": only parallelism and suspend can change on a running job; "
+            "delete and re-create the StreamJob to change anything else")
+
+
+def update(ctx: JobContext, body: Any, report: Callable[[str, dict], None] = lambda reason, record: None) -> str:
+    """A spec change: refused unless it is one of parallelism or suspend; else deploy what is missing
+    (sources of a job created suspended), then suspend or rescale."""
+    with ctx.redis() as r:
+        plan = store.read_plan(r, ctx.owner.name)
+    if plan is not None:
+        check_change(plan.job, ctx.job)
+    if deploy(ctx, body) == status.SUSPENDED:
+        ctx.fleet().scale_all(lambda op: 0)
+        return status.SUSPENDED
+    return rescale(ctx, report)
+
+
+def rescale(ctx: JobContext, report: Callable[[str, dict], None] = lambda reason, record: None) -> str:
+    """Finish any persisted rescale, then rescale each operator whose parallelism differs from its assignment."""
+    job, fleet = ctx.job, ctx.fleet()
+    with ctx.redis() as r:
+        plan = store.read_plan(r, ctx.owner.name)
+        controller = _controller(r, plan, fleet)
+        resumed = controller.resume()
+        if resumed is not None:
+            report("RescaleResumed", resumed)
+        for op in job.spec.topological_order():
+            desired = job.spec.operator(op).parallelism
+            epoch, current = store.assignments(r, plan)[op]
+            if desired == current:
+                continue
+            progress = {"operator": op, "from": current, "to": desired, "epoch": epoch + 1,
+                        "strategy": job.spec.rescale.strategy}
+            ctx.status.rescale(progress)
+            report("RescaleStarted", progress)
+            ctx.status.phase(status.RESCALING, f"rescaling {op} from {current} to {desired}")
+            record = controller.rescale(op, desired, job.spec.rescale.strategy)
+            ctx.status.patch(lastRescale=record)
+            report("Rescaled", record)
+        ctx.status.rescale(None)
+    return status.RUNNING
+
+
+def resume_rescale(ctx: JobContext) -> dict | None:
+    """After an operator restart: finish (or roll back) the rescale the controller persisted in Redis."""
+    with ctx.redis() as r:
+        plan = store.read_plan(r, ctx.owner.name)
+        if plan is None:
+            return None
+        return _controller(r, plan, ctx.fleet()).resume()
+
+
+def _controller(r, plan: JobPlan, fleet: KubernetesFleet) -> RescaleController:
+    return RescaleController(r, plan, fleet, standby_timeout_s=fleet.timeout_s)
+
+
+def cleanup(owner: Owner, body: Any, kube: Kube, timeout_s: float) -> int:
+    """Finalizer: stop the workers, then remove every Redis key of the job; returns the keys deleted.
+
+    The StatefulSets go first (the GC would delete them only after this
+    finalizer), so no worker recreates a key after the sweep.
+    """
+    raw = ((body.get("metadata") or {}).get("annotations") or {}).get(REDIS_ANNOTATION)
+    if raw is None:
+        return 0  # never deployed (e.g. invalid from the start): nothing in Redis
+    data = json.loads(raw)
+    fleet = KubernetesFleet(kube, owner, lambda *a: {}, timeout_s=timeout_s)
+    for sts in fleet.statefulsets():
+        kube.delete("statefulsets", owner.namespace, sts["metadata"]["name"])
+    fleet.wait_gone(None, lambda pod: True)
+    target = RedisTarget(data["url"], data.get("passwordSecret"))
+    r = store.open_redis(kube, owner.namespace, target)
+    try:
+        return store.clear(r, JobKeys(owner.name))
+    finally:
+        r.close()
+
+
+def refresh_status(ctx: JobContext) -> dict:
+    """Desired, current and assigned parallelism and epochs, for `kubectl get sj`."""
+    fleet = ctx.fleet()
+    ready: dict[str, int] = {}
+    for sts in fleet.statefulsets():
+        op = sts["metadata"]["labels"].get(resources.LABEL_OPERATOR)
+        ready[op] = ready.get(op, 0) + int((sts.get("status") or {}).get("readyReplicas") or 0)
+    with ctx.redis() as r:
+        plan = store.read_plan(r, ctx.owner.name)
+        assigned = store.assignments(r, plan) if plan else {}
+        progress = RescaleController(r, plan, fleet).current() if plan else None
+    ctx.status.rescale(progress)
+    desired = {op.name: op.parallelism for op in ctx.job.spec.operators}
+    operators = status.operators_status(desired, assigned, ready)
+    ctx.status.operators(operators)
+    return operators
+
+
+__all__ = ["JobContext", "NotReady", "SpecError", "UnsupportedChange", "cleanup", "deploy", "job_of",
+           "refresh_status", "rescale", "resume_rescale", "update"]

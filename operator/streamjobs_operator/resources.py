@@ -1,0 +1,188 @@
+"""Pure builders of the Kubernetes objects of a StreamJob: dicts in, dicts out, no I/O.
+
+Per operator of a job: one headless Service (stable pod DNS names for the
+whole operator), and one StatefulSet per assignment epoch the operator went
+through, `<job>-<op>-e<epoch>`. A live rescale creates the next epoch's
+StatefulSet beside the current one (its pods wait as standbys), scales the old
+one to zero once they are warm, then deletes it: pods are never deleted and
+recreated to change the parallelism.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from urllib.parse import urlsplit, urlunsplit
+
+from streamjobs_core.spec import API_VERSION, KIND
+
+from .config import Settings
+
+LABEL_JOB = "streamjobs.dev/job"
+LABEL_OPERATOR = "streamjobs.dev/operator"
+LABEL_EPOCH = "streamjobs.dev/epoch"
+# Set by the StatefulSet controller on every pod (Kubernetes >= 1.28): the pod's ordinal = the worker's instance.
+POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"
+METRICS_PORT = 9100
+PASSWORD_ENV = "STREAMJOBS_REDIS_PASSWORD"
+# A StatefulSet's pods carry `controller-revision-hash: <name>-<10 chars>`, a label value of at most 63.
+_STATEFULSET_NAME_MAX = 52
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The StreamJob object every built object belongs to."""
+
+    name: str
+    namespace: str
+    uid: str
+
+    @classmethod
+    def of(cls, body) -> Owner:
+        meta = body["metadata"]
+        return cls(meta["name"], meta.get("namespace") or "default", meta.get("uid", ""))
+
+    def reference(self) -> dict:
+        # controller=True: `kubectl get` shows the job as the controller; the GC deletes what a job owns.
+        return {"apiVersion": API_VERSION, "kind": KIND, "name": self.name, "uid": self.uid,
+                "controller": True, "blockOwnerDeletion": True}
+
+
+@dataclass(frozen=True)
+class RedisTarget:
+    url: str
+    password_secret: str | None = None
+
+
+def _fit(name: str, limit: int) -> str:
+    if len(name) <= limit:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+    return f"{name[: limit - 9].rstrip('-')}-{digest}"
+
+
+def statefulset_name(job: str, op: str, epoch: int) -> str:
+    return _fit(f"{job}-{op}-e{epoch}", _STATEFULSET_NAME_MAX)
+
+
+def service_name(job: str, op: str) -> str:
+    return _fit(f"{job}-{op}", 63)
+
+
+def configmap_name(job: str) -> str:
+    return _fit(f"{job}-plan", 253)
+
+
+def labels(job: str, op: str | None = None, epoch: int | None = None) -> dict[str, str]:
+    out = {"app.kubernetes.io/name": "streamjobs-worker", "app.kubernetes.io/managed-by": "streamjobs-operator",
+           LABEL_JOB: job}
+    if op is not None:
+        out[LABEL_OPERATOR] = op
+    if epoch is not None:
+        out[LABEL_EPOCH] = str(epoch)
+    return out
+
+
+def _metadata(owner: Owner, name: str, object_labels: dict[str, str]) -> dict:
+    return {"name": name, "namespace": owner.namespace, "labels": object_labels,
+            "ownerReferences": [owner.reference()]}
+
+
+def with_password(url: str, password: str) -> str:
+    """The URL with `password` as its userinfo, unless the URL carries credentials already."""
+    parts = urlsplit(url)
+    if "@" in parts.netloc:
+        return url
+    return urlunsplit(parts._replace(netloc=f":{password}@{parts.netloc}"))
+
+
+def redis_env(redis: RedisTarget) -> list[dict]:
+    if redis.password_secret is None:
+        return [{"name": "STREAMJOBS_REDIS_URL", "value": redis.url}]
+    # The kubelet expands $(VAR) from earlier entries, so the password never appears in the pod spec.
+    return [
+        {"name": PASSWORD_ENV, "valueFrom": {"secretKeyRef": {"name": redis.password_secret, "key": "password"}}},
+        {"name": "STREAMJOBS_REDIS_URL", "value": with_password(redis.url, f"$({PASSWORD_ENV})")},
+    ]
+
+
+def worker_args(job: str, op: str, await_epoch: int | None) -> list[str]:
+    args = ["--job", job, "--operator", op]
+    if await_epoch is not None:
+        args += ["--await-epoch", str(await_epoch)]
+    return args
+
+
+def statefulset(owner: Owner, op: str, epoch: int, replicas: int, *, standby: bool, redis: RedisTarget,
+                settings: Settings) -> dict:
+    """The pods of one operator for one assignment epoch; `standby` pods wait for that epoch to be assigned."""
+    pod_labels = labels(owner.name, op, epoch)
+    env = [
+        {"name": "STREAMJOBS_INSTANCE", "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{POD_INDEX_LABEL}']"}}},
+        *redis_env(redis),
+        {"name": "STREAMJOBS_METRICS_HOST", "value": "0.0.0.0"},
+        {"name": "STREAMJOBS_METRICS_PORT", "value": str(METRICS_PORT)},
+        {"name": "STREAMJOBS_POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        # Spark and Ivy write under $HOME; the root filesystem is read-only.
+        {"name": "HOME", "value": "/tmp"},
+    ]
+    container = {
+        "name": "worker",
+        "image": settings.worker_image,
+        "imagePullPolicy": settings.worker_image_pull_policy,
+        "command": ["python", "-m", "streamjobs_worker"],
+        "args": worker_args(owner.name, op, epoch if standby else None),
+        "env": env,
+        "ports": [{"name": "metrics", "containerPort": METRICS_PORT}],
+        "resources": settings.worker_resources,
+        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                            "capabilities": {"drop": ["ALL"]}},
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, {"name": "plan", "mountPath": "/etc/streamjobs"}],
+    }
+    pod_spec = {
+        "containers": [container],
+        # A worker stops after its last commit on SIGTERM; a batch takes about a second.
+        "terminationGracePeriodSeconds": 30,
+        "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001, "fsGroup": 10001,
+                            "seccompProfile": {"type": "RuntimeDefault"}},
+        "volumes": [{"name": "tmp", "emptyDir": {}},
+                    {"name": "plan", "configMap": {"name": configmap_name(owner.name)}}],
+    }
+    if settings.worker_service_account:
+        pod_spec["serviceAccountName"] = settings.worker_service_account
+    pod_spec["automountServiceAccountToken"] = False
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": _metadata(owner, statefulset_name(owner.name, op, epoch), pod_labels),
+        "spec": {
+            "replicas": replicas,
+            "serviceName": service_name(owner.name, op),
+            # Instances do not depend on each other's start: start and stop them all at once.
+            "podManagementPolicy": "Parallel",
+            "selector": {"matchLabels": pod_labels},
+            "template": {"metadata": {"labels": pod_labels}, "spec": pod_spec},
+        },
+    }
+
+
+def service(owner: Owner, op: str) -> dict:
+    """Headless, across the operator's epochs: stable DNS for its pods and a target for Prometheus."""
+    selector = {LABEL_JOB: owner.name, LABEL_OPERATOR: op}
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(owner, service_name(owner.name, op), labels(owner.name, op)),
+        "spec": {"clusterIP": "None", "selector": selector, "publishNotReadyAddresses": True,
+                 "ports": [{"name": "metrics", "port": METRICS_PORT, "targetPort": "metrics"}]},
+    }
+
+
+def configmap(owner: Owner, plan_json: str) -> dict:
+    """The plan as deployed, for humans and tools: workers read it from Redis, where it is fenced."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(owner, configmap_name(owner.name), labels(owner.name)),
+        "data": {"plan.json": plan_json},
+    }

@@ -1,0 +1,105 @@
+"""The job's state in Redis, as the operator sees it: connect, deploy the plan, clear on deletion."""
+
+from __future__ import annotations
+
+import time
+from urllib.parse import quote
+
+from streamjobs_core.connect import connect
+from streamjobs_core.layout import JobKeys
+from streamjobs_core.plan import JobPlan, read_assignment, write_assignment
+from streamjobs_core.spec import StreamJob
+
+from .config import Settings
+from .kube import Kube
+from .resources import RedisTarget, with_password
+
+
+class NoRedis(LookupError):
+    """No Redis to run the job on: the error names the field to set."""
+
+
+def redis_target(job: StreamJob, settings: Settings) -> RedisTarget:
+    redis = job.spec.redis
+    url = redis.url or settings.default_redis_url
+    if not url:
+        raise NoRedis("spec.redis.url: no Redis URL, and the operator has no default (STREAMJOBS_DEFAULT_REDIS_URL)")
+    if redis.cluster and "cluster=" not in url:
+        url += ("&" if "?" in url else "?") + "cluster=1"
+    return RedisTarget(url, redis.password_secret)
+
+
+def open_redis(kube: Kube, namespace: str, target: RedisTarget):
+    url = target.url
+    if target.password_secret:
+        password = kube.secret_value(namespace, target.password_secret, "password")
+        url = with_password(url, quote(password, safe=""))
+    return connect(url)
+
+
+def _owner_key(keys: JobKeys) -> str:
+    # Under the job's prefix, so the finalizer's sweep of JobKeys.pattern removes it too.
+    return f"{keys.prefix}:k8s-owner"
+
+
+def deploy(r, job: StreamJob, uid: str) -> bool:
+    """Write the plan and every operator's first assignment, once per StreamJob object.
+
+    Create handlers are retried after a failure; a retry must not wipe a job whose
+    workers run already, so the first write records the object's uid and a retry
+    that finds it does nothing. Keys of an earlier object of the same name (its
+    finalizer did not run) are cleared first. Returns whether it wrote anything.
+    """
+    keys = JobKeys(job.metadata.name)
+    owner = r.get(_owner_key(keys))
+    if owner is not None and owner.decode() == uid:
+        return False
+    clear(r, keys)
+    plan = JobPlan(job, int(time.time() * 1000))
+    r.set(keys.plan, plan.to_json())
+    for op in job.spec.operators:
+        write_assignment(r, keys, op.name, plan.initial_assignment(op.name))
+    r.set(_owner_key(keys), uid)
+    return True
+
+
+def restamp_t0(r, job_name: str) -> JobPlan:
+    """Fix the sources' event-time origin now, just before they start (as the local runtime does)."""
+    keys = JobKeys(job_name)
+    old = JobPlan.from_json(r.get(keys.plan))
+    plan = JobPlan(old.job, int(time.time() * 1000))
+    r.set(keys.plan, plan.to_json())
+    return plan
+
+
+def read_plan(r, job_name: str) -> JobPlan | None:
+    raw = r.get(JobKeys(job_name).plan)
+    return JobPlan.from_json(raw) if raw is not None else None
+
+
+def registered(r, job_name: str) -> set[str]:
+    """`op/instance` of every worker that is ready to process (it registered its metrics endpoint)."""
+    return {k.decode() for k in r.hkeys(JobKeys(job_name).metrics_endpoints)}
+
+
+def assignments(r, plan: JobPlan) -> dict[str, tuple[int, int]]:
+    """Per operator: (assignment epoch, parallelism) as the workers see it."""
+    out = {}
+    for op in plan.spec.operators:
+        assignment = read_assignment(r, plan.keys, op.name)
+        if assignment is not None:
+            out[op.name] = (assignment.epoch, assignment.parallelism)
+    return out
+
+
+def clear(r, keys: JobKeys) -> int:
+    deleted = 0
+    batch: list[bytes] = []
+    for key in r.scan_iter(match=keys.pattern, count=1000):
+        batch.append(key)
+        if len(batch) >= 500:
+            deleted += r.delete(*batch)
+            batch = []
+    if batch:
+        deleted += r.delete(*batch)
+    return deleted

@@ -1,0 +1,122 @@
+"""The operator under kopf's KopfRunner against kmock's emulated API server, a real Redis, and
+(for tests that want pods to run) a kubelet stand-in that starts real worker processes.
+
+One emulator, one operator and one kubelet per module: each test uses jobs of its own names.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import Callable
+
+import kubernetes
+import pytest
+import yaml
+from kopf.testing import KopfRunner
+from streamjobs_operator.kube import Kube
+
+from .emulator import Emulator
+from .kubelet import Kubelet
+
+NAMESPACE = "default"
+
+
+@pytest.fixture(scope="module")
+def emulator(tmp_path_factory):
+    with Emulator(tmp_path_factory.mktemp("kmock")) as emu:
+        yield emu
+
+
+@pytest.fixture(scope="module")
+def kube(emulator) -> Kube:
+    return Kube(kubernetes.config.new_client_from_config(str(emulator.kubeconfig)))
+
+
+@pytest.fixture(scope="module")
+def operator(emulator, redis_server):
+    """`kopf run -m streamjobs_operator.handlers`, logged in through the emulator's kubeconfig."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("KUBECONFIG", str(emulator.kubeconfig))
+        # kopf logs in with kubernetes.config.load_kube_config(), whose default path was read at import.
+        mp.setattr(kubernetes.config.kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(emulator.kubeconfig))
+        mp.setenv("STREAMJOBS_DEFAULT_REDIS_URL", redis_server.url)
+        mp.setenv("STREAMJOBS_STATUS_INTERVAL_S", "1")
+        mp.setenv("STREAMJOBS_READY_TIMEOUT_S", "120")
+        # The whole operator process: the handlers plus the autoscaler daemon per StreamJob.
+        args = ["run", "--standalone", "--all-namespaces", "-m", "streamjobs.controller"]
+        with KopfRunner(args, timeout=60) as runner:
+            yield runner
+    assert runner.exception is None, runner.output
+
+
+@pytest.fixture(scope="module")
+def kubelet(kube, operator, tmp_path_factory):
+    with Kubelet(kube, tmp_path_factory.mktemp("pods")) as k:
+        yield k
+    assert not k.errors, k.errors
+
+
+@pytest.fixture
+def redis_client(redis_server):
+    import redis
+
+    client = redis.Redis.from_url(redis_server.url)
+    yield client
+    client.close()
+
+
+def run_kubectl(emulator, *args: str) -> str:
+    """kubectl (on the machine image) against the emulator."""
+    env = {**os.environ, "KUBECONFIG": str(emulator.kubeconfig)}
+    cache = f"--cache-dir={emulator.kubeconfig.parent / 'kubectl-cache'}"  # not ~/.kube of whoever runs the tests
+    out = subprocess.run(["kubectl", cache, *args], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+@pytest.fixture
+def job(emulator, kube, kubelet, tmp_path):
+    """Apply StreamJobs for one test; delete them afterwards (through the finalizer), so the workers of
+    earlier tests do not compete for the two cores."""
+    names: list[str] = []
+
+    def apply(doc: dict, kubectl: bool = False) -> dict:
+        names.append(doc["metadata"]["name"])
+        if kubectl:  # the users' path: `kubectl apply -f job.yaml`
+            path = tmp_path / f"{names[-1]}.yaml"
+            path.write_text(yaml.safe_dump(doc))
+            run_kubectl(emulator, "apply", "--validate=false", "-f", str(path))
+            created = kube.get("streamjobs", NAMESPACE, names[-1])
+        else:
+            created = kube.ensure("streamjobs", doc)
+        eventually(lambda: ((kube.get("streamjobs", NAMESPACE, names[-1]) or {}).get("status") or {}).get("phase")
+                   == "Running", 90, f"{names[-1]} running")
+        return created
+
+    yield apply
+    for name in names:
+        kube.delete("streamjobs", NAMESPACE, name)
+    for name in names:
+        eventually(lambda name=name: kube.get("streamjobs", NAMESPACE, name) is None, 60, f"{name} deleted")
+
+
+def events(emulator, name: str) -> list[dict]:
+    """The Kubernetes Events about object `name` (kopf posts them to the core v1 API)."""
+    api = kubernetes.config.new_client_from_config(str(emulator.kubeconfig))
+    raw = kubernetes.client.CoreV1Api(api).list_namespaced_event(NAMESPACE, _preload_content=False)
+    return [e for e in json.loads(raw.data)["items"] if e.get("involvedObject", {}).get("name") == name]
+
+
+def eventually(check: Callable[[], object], timeout_s: float = 60.0, message: str = "") -> object:
+    """Poll until `check` returns a truthy value; fail with the last value seen."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout_s} s: {message} (last: {value!r})")
+        time.sleep(0.2)

@@ -1,0 +1,141 @@
+"""A stand-in for the StatefulSet controller and the kubelet: real worker processes for emulated pods.
+
+kmock's emulator stores objects but runs no controllers. This thread does what
+the cluster would for the StatefulSets the operator creates: a Pod object per
+ordinal below `spec.replicas` (labels of the template plus the pod index), a
+real `python -m streamjobs_worker` process per pod with the pod's environment
+resolved as the kubelet would (field refs, Secret refs, `$(VAR)` expansion),
+SIGTERM on scale-down with the Pod deleted once the process exited, a restart
+when a process dies, and `status.readyReplicas`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from streamjobs_operator.kube import Kube
+from streamjobs_operator.resources import POD_INDEX_LABEL
+
+NAMESPACE = "default"
+_VAR = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
+
+
+def _die_with_parent() -> None:
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+@dataclass
+class _Pod:
+    name: str
+    statefulset: str
+    process: subprocess.Popen
+    terminating: bool = False
+    restarts: int = 0
+
+
+class Kubelet:
+    def __init__(self, kube: Kube, log_dir: Path, poll_s: float = 0.3) -> None:
+        self.kube = kube
+        self.log_dir = log_dir
+        self.poll_s = poll_s
+        self.pods: dict[str, _Pod] = {}
+        self.started: list[str] = []  # every pod name ever started, in order (tests assert on it)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="kubelet", daemon=True)
+        self.errors: list[BaseException] = []
+
+    def __enter__(self) -> Kubelet:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(30)
+        for pod in self.pods.values():
+            if pod.process.poll() is None:
+                pod.process.kill()
+                pod.process.wait()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.sync()
+            except Exception as exc:  # keep running, and let the test see it
+                self.errors.append(exc)
+            self._stop.wait(self.poll_s)
+
+    def sync(self) -> None:
+        statefulsets = {s["metadata"]["name"]: s for s in self.kube.list("statefulsets", NAMESPACE, {})}
+        wanted: dict[str, tuple[dict, int]] = {}
+        for name, sts in statefulsets.items():
+            for i in range(int(sts["spec"].get("replicas") or 0)):
+                wanted[f"{name}-{i}"] = (sts, i)
+        for name, (sts, index) in wanted.items():
+            pod = self.pods.get(name)
+            if pod is None:
+                self._create(name, sts, index)
+            elif pod.process.poll() is not None and not pod.terminating:
+                pod.process = self._spawn(self.kube.get("pods", NAMESPACE, name))  # restartPolicy: Always
+                pod.restarts += 1
+        for name, pod in list(self.pods.items()):
+            if name not in wanted and not pod.terminating:
+                pod.terminating = True
+                pod.process.terminate()  # the worker stops after its last commit
+            if pod.terminating and pod.process.poll() is not None:
+                self.kube.delete("pods", NAMESPACE, name)
+                del self.pods[name]
+        for name, sts in statefulsets.items():
+            ready = sum(1 for p in self.pods.values()
+                        if p.statefulset == name and not p.terminating and p.process.poll() is None)
+            current = sts.get("status") or {}
+            if current.get("readyReplicas") != ready or current.get("replicas") != ready:
+                self.kube.patch("statefulsets", NAMESPACE, name, {"status": {"replicas": ready, "readyReplicas": ready}},
+                                subresource="status")
+
+    def _create(self, name: str, sts: dict, index: int) -> None:
+        template = sts["spec"]["template"]
+        labels = {**template["metadata"]["labels"], POD_INDEX_LABEL: str(index),
+                  "statefulset.kubernetes.io/pod-name": name}
+        owner = {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": sts["metadata"]["name"],
+                 "uid": sts["metadata"].get("uid", ""), "controller": True}
+        body = {"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": name, "namespace": NAMESPACE, "labels": labels, "ownerReferences": [owner]},
+                "spec": template["spec"], "status": {"podIP": "127.0.0.1", "phase": "Running"}}
+        pod = self.kube.ensure("pods", body)
+        self.pods[name] = _Pod(name, sts["metadata"]["name"], self._spawn(pod))
+        self.started.append(name)
+
+    def _spawn(self, pod: dict) -> subprocess.Popen:
+        container = pod["spec"]["containers"][0]
+        env = dict(os.environ)
+        for var in container.get("env", []):
+            env[var["name"]] = self._value(pod, var, env)
+        # Real pods each have their own network namespace; here all share one host, so any free port.
+        env["STREAMJOBS_METRICS_PORT"] = "0"
+        command = [sys.executable if c == "python" else c for c in container["command"]] + container.get("args", [])
+        with open(self.log_dir / f"{pod['metadata']['name']}.log", "ab") as log:
+            return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True, preexec_fn=_die_with_parent)
+
+    def _value(self, pod: dict, var: dict, env: dict[str, str]) -> str:
+        if "value" in var:
+            return _VAR.sub(lambda m: env.get(m.group(1), m.group(0)), var["value"])
+        source = var["valueFrom"]
+        if "fieldRef" in source:
+            path = source["fieldRef"]["fieldPath"]
+            if path == "status.podIP":
+                return "127.0.0.1"
+            label = re.fullmatch(r"metadata\.labels\['(.+)'\]", path)
+            if label:
+                return pod["metadata"]["labels"][label.group(1)]
+            raise ValueError(f"unsupported fieldRef {path}")
+        ref = source["secretKeyRef"]
+        return self.kube.secret_value(NAMESPACE, ref["name"], ref["key"])

@@ -1,0 +1,37 @@
+"""The whole loop on the emulated cluster: real workers' metrics -> the autoscaler daemon decides ->
+the spec is edited -> the operator rescales live -> Events and status tell why; the output stays exact."""
+
+from __future__ import annotations
+
+from streamjobs_core.layout import JobKeys
+from streamjobs_core.plan import JobPlan, read_assignment
+
+from .conftest import events, eventually
+from .jobs import committed_input, get, sink_output, wordcopy
+
+# reactive with a threshold every backlog exceeds: a decision within seconds, bounded at 2 instances.
+AUTOSCALER = {"policy": "reactive", "intervalS": 1, "metricsWindowS": 3, "stabilizationS": 2,
+              "activationIntervals": 1, "lagHighRecords": 1, "lagLowRecords": 0, "maxParallelism": 2}
+
+
+def test_the_autoscaler_daemon_rescales_the_job_live_and_explains_why(emulator, kube, kubelet, redis_client, job):
+    job(wordcopy("autoscaled", sink_parallelism=1, autoscaler=AUTOSCALER))
+    keys = JobKeys("autoscaled")
+    eventually(lambda: read_assignment(redis_client, keys, "copies") is not None
+               and read_assignment(redis_client, keys, "copies").parallelism == 2, 180, "copies scaled to 2")
+    assert get(kube, "autoscaled")["spec"]["sinks"][0]["parallelism"] == 2  # the decision went through the spec
+    scaled = eventually(lambda: [e for e in events(emulator, "autoscaled") if e["reason"] == "ScaledUp"
+                                 and e["message"].startswith("copies 1 -> 2")], 60, "a ScaledUp event for copies")
+    assert "backlog" in scaled[0]["message"] and "reactive" in scaled[0]["message"]
+    status = eventually(lambda: get(kube, "autoscaled").get("status", {}).get("decisions"), 30, "decisions in status")
+    assert any(d["executed"] and "copies 1 -> 2" in d["summary"] for d in status)
+    assert "copies 1 -> 2" in get(kube, "autoscaled")["status"]["lastDecision"] or len(status) > 1
+
+    before = redis_client.xlen(keys.output_stream("copies"))
+    eventually(lambda: redis_client.xlen(keys.output_stream("copies")) > before, 60, "output after the rescale")
+    redis_client.hset(keys.control, "stop", "1")
+    eventually(lambda: redis_client.scard(keys.done("copies")) >= 2, 90, "sinks drained")
+    plan = JobPlan.from_json(redis_client.get(keys.plan))
+    expected, actual = committed_input(redis_client, plan, "words"), sink_output(redis_client, plan, "copies")
+    assert sum(expected.values()) > 500
+    assert (sum((expected - actual).values()), sum((actual - expected).values())) == (0, 0)

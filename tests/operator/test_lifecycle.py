@@ -1,0 +1,95 @@
+"""A StreamJob's life under the operator: deploy, invalid spec, suspend, delete (finalizer)."""
+
+from __future__ import annotations
+
+import json
+
+from streamjobs_core.layout import JobKeys
+from streamjobs_core.plan import JobPlan, read_assignment
+from streamjobs_operator.resources import LABEL_JOB
+
+from .conftest import NAMESPACE, events, eventually, run_kubectl
+from .jobs import apply, get, phase, wordcopy
+
+
+def _owned(kube, kind: str, job: str) -> list[dict]:
+    return kube.list(kind, NAMESPACE, {LABEL_JOB: job})
+
+
+def test_invalid_spec_names_the_field_in_status_and_event_and_touches_nothing(emulator, kube, operator, redis_client):
+    doc = wordcopy("broken")
+    doc["spec"]["sinks"][0]["inputs"] = ["nope"]
+    apply(kube, doc)
+
+    eventually(lambda: phase(kube, "broken") == "Invalid", 30, "phase Invalid")
+    status = get(kube, "broken")["status"]
+    assert "spec.sinks[0].inputs[0]" in status["error"] and "nope" in status["error"]
+    assert status["errors"][0]["field"] == "spec.sinks[0].inputs[0]"
+    warnings = eventually(lambda: [e for e in events(emulator, "broken") if e["reason"] == "InvalidSpec"], 30, "event")
+    assert warnings[0]["type"] == "Warning" and "spec.sinks[0].inputs[0]" in warnings[0]["message"]
+    for kind in ("statefulsets", "services", "configmaps"):
+        assert _owned(kube, kind, "broken") == []
+    assert list(redis_client.scan_iter(match=JobKeys("broken").pattern)) == []
+    kube.delete("streamjobs", NAMESPACE, "broken")  # the finalizer has nothing to clean: it must not block
+    eventually(lambda: kube.get("streamjobs", NAMESPACE, "broken") is None, 30, "invalid job deleted")
+
+
+def test_deploy_creates_owned_objects_and_the_plan_in_redis(emulator, kube, job, redis_client):
+    uid = job(wordcopy("deployed", sink_parallelism=2), kubectl=True)["metadata"]["uid"]
+    assert "deployed" in run_kubectl(emulator, "get", "sj")
+    assert run_kubectl(emulator, "get", "sj", "deployed", "-o", "jsonpath={.status.phase}") == "Running"
+    statefulsets = {s["metadata"]["name"]: s for s in _owned(kube, "statefulsets", "deployed")}
+    assert set(statefulsets) == {"deployed-words-e1", "deployed-copies-e1"}
+    assert statefulsets["deployed-copies-e1"]["spec"]["replicas"] == 2
+    services = {s["metadata"]["name"] for s in _owned(kube, "services", "deployed")}
+    assert services == {"deployed-words", "deployed-copies"}
+    (configmap,) = _owned(kube, "configmaps", "deployed")
+    for obj in [*statefulsets.values(), configmap, *_owned(kube, "services", "deployed")]:
+        (ref,) = obj["metadata"]["ownerReferences"]
+        assert (ref["kind"], ref["name"], ref["uid"], ref["controller"]) == ("StreamJob", "deployed", uid, True)
+
+    keys = JobKeys("deployed")
+    plan = JobPlan.from_json(redis_client.get(keys.plan))
+    assert json.loads(configmap["data"]["plan.json"]) == json.loads(plan.to_json())
+    assert read_assignment(redis_client, keys, "copies").parallelism == 2
+    # Real workers run: records reach the sink.
+    eventually(lambda: redis_client.xlen(keys.output_stream("copies")) > 0, 60, "sink output")
+    operators = eventually(lambda: (get(kube, "deployed")["status"].get("operators") or {}).get("copies"), 30)
+    assert operators["desiredParallelism"] == 2 and operators["assignmentEpoch"] == 1
+    eventually(lambda: get(kube, "deployed")["status"].get("parallelismSummary") == "words=1 copies=2", 30, "summary")
+
+
+def test_suspend_scales_to_zero_and_back_and_other_edits_are_refused(kube, job, redis_client):
+    job(wordcopy("pausing"))
+    # One running job serves both checks (each job costs its workers' start-up CPU).
+    kube.patch("streamjobs", NAMESPACE, "pausing", {"spec": {"maxParallelism": 24}})
+    error = eventually(lambda: get(kube, "pausing")["status"].get("error"), 30, "error in status")
+    assert error.startswith("spec.maxParallelism: only parallelism and suspend can change")
+    assert JobPlan.from_json(redis_client.get(JobKeys("pausing").plan)).spec.max_parallelism == 12
+    kube.patch("streamjobs", NAMESPACE, "pausing", {"spec": {"maxParallelism": 12}})
+    eventually(lambda: not get(kube, "pausing")["status"].get("error"), 30, "error cleared")
+
+    kube.patch("streamjobs", NAMESPACE, "pausing", {"spec": {"suspend": True}})
+    eventually(lambda: phase(kube, "pausing") == "Suspended", 60, "phase Suspended")
+    assert all(s["spec"]["replicas"] == 0 for s in _owned(kube, "statefulsets", "pausing"))
+    eventually(lambda: not _owned(kube, "pods", "pausing"), 60, "pods gone")
+    out = JobKeys("pausing").output_stream("copies")
+    paused_at = redis_client.xlen(out)
+
+    kube.patch("streamjobs", NAMESPACE, "pausing", {"spec": {"suspend": False}})
+    eventually(lambda: phase(kube, "pausing") == "Running", 60, "phase Running again")
+    assert {s["spec"]["replicas"] for s in _owned(kube, "statefulsets", "pausing")} == {1}
+    eventually(lambda: redis_client.xlen(out) > paused_at, 60, "output resumes")
+
+
+def test_delete_runs_the_finalizer_that_clears_redis(kube, kubelet, redis_client):
+    apply(kube, wordcopy("doomed"))
+    eventually(lambda: phase(kube, "doomed") == "Running", 90, "phase Running")
+    assert get(kube, "doomed")["metadata"]["finalizers"] == ["streamjobs.dev/redis-keys"]
+    keys = JobKeys("doomed")
+    eventually(lambda: redis_client.xlen(keys.output_stream("copies")) > 0, 60, "sink output")
+
+    assert kube.delete("streamjobs", NAMESPACE, "doomed")
+    eventually(lambda: kube.get("streamjobs", NAMESPACE, "doomed") is None, 60, "object gone")
+    assert list(redis_client.scan_iter(match=keys.pattern)) == []
+    assert _owned(kube, "statefulsets", "doomed") == [] and _owned(kube, "pods", "doomed") == []

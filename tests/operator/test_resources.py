@@ -1,0 +1,88 @@
+"""The pure parts of the operator: manifest builders, allowed spec changes, the status summary."""
+
+from __future__ import annotations
+
+import pytest
+from streamjobs_core.loading import parse_job
+from streamjobs_operator import resources
+from streamjobs_operator.autoscaling import KopfEvents, parallelism_patch
+from streamjobs_operator.config import Settings
+from streamjobs_operator.reconcile import UnsupportedChange, check_change, job_of
+from streamjobs_operator.status import operators_status, parallelism_summary
+from streamjobs_operator.store import NoRedis, redis_target
+
+from .jobs import wordcopy
+
+OWNER = resources.Owner("wordcount", "jobs", "uid-1")
+
+
+def test_a_standby_statefulset_waits_for_its_epoch_and_takes_its_instance_from_the_pod_index():
+    sts = resources.statefulset(OWNER, "count", 4, 3, standby=True, redis=resources.RedisTarget("redis://r:6379"),
+                                settings=Settings())
+    assert sts["metadata"]["name"] == "wordcount-count-e4"
+    assert sts["spec"]["replicas"] == 3 and sts["spec"]["serviceName"] == "wordcount-count"
+    container = sts["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"] == ["python", "-m", "streamjobs_worker"]
+    assert container["args"] == ["--job", "wordcount", "--operator", "count", "--await-epoch", "4"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["STREAMJOBS_INSTANCE"]["valueFrom"]["fieldRef"]["fieldPath"] == \
+        "metadata.labels['apps.kubernetes.io/pod-index']"
+    # Epochs are told apart by label, so the old and new StatefulSets of a rescale select disjoint pods.
+    assert sts["spec"]["selector"]["matchLabels"][resources.LABEL_EPOCH] == "4"
+    first = resources.statefulset(OWNER, "count", 1, 2, standby=False, redis=resources.RedisTarget("redis://r"),
+                                  settings=Settings())
+    assert "--await-epoch" not in first["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def test_the_redis_password_comes_from_the_secret_through_the_kubelet_expansion():
+    env = resources.redis_env(resources.RedisTarget("redis://redis:6379/0", password_secret="auth"))
+    assert [e["name"] for e in env] == ["STREAMJOBS_REDIS_PASSWORD", "STREAMJOBS_REDIS_URL"]  # order matters
+    assert env[0]["valueFrom"]["secretKeyRef"] == {"name": "auth", "key": "password"}
+    assert env[1]["value"] == "redis://:$(STREAMJOBS_REDIS_PASSWORD)@redis:6379/0"
+    assert resources.with_password("redis://u:p@h:1", "x") == "redis://u:p@h:1"  # explicit credentials win
+
+
+def test_long_names_are_shortened_to_valid_lengths_and_stay_distinct():
+    job, op = "j" * 40, "o" * 40
+    names = {resources.statefulset_name(job, op, e) for e in (1, 2)}
+    assert len(names) == 2 and all(len(n) <= 52 for n in names)
+    assert len(resources.service_name(job, op)) <= 63
+
+
+def test_only_parallelism_and_suspend_may_change():
+    old = job_of(wordcopy("j"))
+    new = wordcopy("j", sink_parallelism=3, suspend=True)
+    check_change(old, job_of(new))
+    changed = wordcopy("j")
+    changed["spec"]["sources"][0]["vocabulary"] = 7
+    with pytest.raises(UnsupportedChange, match=r"^spec\.sources: only parallelism"):
+        check_change(old, job_of(changed))
+
+
+def test_the_redis_url_comes_from_the_spec_or_the_operator_default():
+    job = parse_job(wordcopy("j"))
+    assert redis_target(job, Settings(default_redis_url="redis://d:6379")).url == "redis://d:6379"
+    with pytest.raises(NoRedis, match=r"^spec\.redis\.url"):
+        redis_target(job, Settings())
+    clustered = parse_job(wordcopy("j", redis={"url": "redis://c:7000", "cluster": True}))
+    assert redis_target(clustered, Settings()).url == "redis://c:7000?cluster=1"
+
+
+def test_status_summary_shows_current_over_desired_while_they_differ():
+    ops = operators_status({"words": 1, "count": 3}, {"words": (1, 1), "count": (2, 2)}, {"words": 1, "count": 2})
+    assert ops["count"] == {"desiredParallelism": 3, "currentParallelism": 2, "assignedParallelism": 2,
+                            "assignmentEpoch": 2}
+    assert parallelism_summary(ops) == "words=1 count=2/3"
+
+
+def test_an_autoscaler_decision_patches_the_right_operator_and_becomes_an_event():
+    job = job_of(wordcopy("j", sink_parallelism=2))
+    assert parallelism_patch(job, "copies", 4) == [
+        {"op": "test", "path": "/spec/sinks/0/name", "value": "copies"},
+        {"op": "replace", "path": "/spec/sinks/0/parallelism", "value": 4}]
+    with pytest.raises(KeyError):
+        parallelism_patch(job, "nope", 1)
+    posted = []
+    KopfEvents({"metadata": {"name": "j"}}, post=lambda body, **kw: posted.append(kw)).emit(
+        "ScaleUp", "count 2 -> 4: true rate 900/s per instance", warning=False)
+    assert posted == [{"type": "Normal", "reason": "ScaleUp", "message": "count 2 -> 4: true rate 900/s per instance"}]
