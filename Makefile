@@ -32,9 +32,13 @@ $(VENV)/.installed: pyproject.toml
 demo: setup
 	$(BIN)/streamjobs run examples/autoscaling.yaml --duration 150 --report reports/demo.json
 
+# The operator tests run in their own pytest process: they start a kopf operator, an emulated
+# API server and worker processes per module, which must not share a process with the Spark
+# and Redis fixtures of the other layers.
 test: setup
 	$(BIN)/lint-imports
-	$(BIN)/pytest
+	$(BIN)/pytest tests/unit tests/integration tests/e2e
+	$(BIN)/pytest tests/operator
 
 test-unit: setup
 	$(BIN)/pytest tests/unit
