@@ -87,7 +87,7 @@ class Autoscaler:
             decided.append(d)
         decision = Decision(now, self.settings.policy, tuple(decided))
         rules = tuple((d.operator, d.rule.split(":")[0], d.parallelism) for d in decided if d.changes or d.rule
-                      in ("scale-down delay", "ineffective scaling", "history veto"))
+                      in _BLOCKING_REASONS)
         if not decision.changes:
             if rules and rules != self._last_rules:
                 self._record(decision)
@@ -118,7 +118,7 @@ class Autoscaler:
     def _record(self, decision: Decision) -> None:
         self.log.append(decision.to_dict())
         for d in decision.operators:
-            if d.changes or d.rule in ("scale-down delay", "ineffective scaling", "history veto"):
+            if d.changes or d.rule in _BLOCKING_REASONS:
                 self.events.emit(_reason(d), d.explain(), warning=d.rule == "ineffective scaling")
         if decision.error:
             self.events.emit("RescaleFailed", decision.error, warning=True)
@@ -157,8 +157,12 @@ def _disrupted(before: Snapshot, after: Snapshot) -> bool:
     return set(before.operators) != set(after.operators)
 
 
+# Guard rails that hold a change back are reported (an Event each); holds that only wait are not.
+_BLOCKING_REASONS = {"scale-down delay": "ScaleDownDelayed", "ineffective scaling": "ScaleUpBlocked",
+                     "history veto": "ScaleDownVetoed"}
+
+
 def _reason(d: OperatorDecision) -> str:
     if d.changes:
         return "ScaledUp" if d.parallelism > d.current else "ScaledDown"
-    return {"scale-down delay": "ScaleDownDelayed", "ineffective scaling": "ScaleUpBlocked",
-            "history veto": "ScaleDownVetoed"}[d.rule]
+    return _BLOCKING_REASONS[d.rule]

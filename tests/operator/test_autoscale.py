@@ -4,10 +4,10 @@ the spec is edited -> the operator rescales live -> Events and status tell why; 
 from __future__ import annotations
 
 from streamjobs_core.layout import JobKeys
-from streamjobs_core.plan import JobPlan, read_assignment
+from streamjobs_core.plan import read_assignment
 
-from .conftest import events, eventually
-from .jobs import committed_input, get, sink_output, wordcopy
+from .conftest import assert_exact_after_stop, events, eventually
+from .jobs import get, wordcopy
 
 # reactive with a threshold every backlog exceeds: a decision within seconds, bounded at 2 instances.
 AUTOSCALER = {"policy": "reactive", "intervalS": 1, "metricsWindowS": 3, "stabilizationS": 2,
@@ -29,9 +29,4 @@ def test_the_autoscaler_daemon_rescales_the_job_live_and_explains_why(emulator, 
 
     before = redis_client.xlen(keys.output_stream("copies"))
     eventually(lambda: redis_client.xlen(keys.output_stream("copies")) > before, 60, "output after the rescale")
-    redis_client.hset(keys.control, "stop", "1")
-    eventually(lambda: redis_client.scard(keys.done("copies")) >= 2, 90, "sinks drained")
-    plan = JobPlan.from_json(redis_client.get(keys.plan))
-    expected, actual = committed_input(redis_client, plan, "words"), sink_output(redis_client, plan, "copies")
-    assert sum(expected.values()) > 500
-    assert (sum((expected - actual).values()), sum((actual - expected).values())) == (0, 0)
+    assert_exact_after_stop(redis_client, "autoscaled", sink_instances=2, at_least=500, drain_s=90)
