@@ -8,6 +8,7 @@ clock is injected, so tests drive time and never sleep.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from collections.abc import Callable
@@ -22,6 +23,8 @@ from .evaluate import Rates, window_rates
 from .policies import POLICIES
 from .ports import DecisionLog, Events, Scaler
 from .topology import Topology
+
+log = logging.getLogger(__name__)
 
 
 class Autoscaler:
@@ -54,7 +57,9 @@ class Autoscaler:
         if now < self._stable_after:
             return None
         snapshot = self.collector.collect(now)
-        if self._window and _disrupted(self._window[-1], snapshot):
+        disruption = self._window and _disruption(self._window[-1], snapshot)
+        if disruption:
+            log.info("metrics window restarts: %s", disruption)
             # A worker restarted (its counters began again) or is missing: like a rescale, the
             # metrics around it describe no steady configuration.
             self._window.clear()
@@ -147,14 +152,16 @@ class Autoscaler:
                                  warning=True)
 
 
-def _disrupted(before: Snapshot, after: Snapshot) -> bool:
+def _disruption(before: Snapshot, after: Snapshot) -> str:
+    """Why two snapshots do not belong to one steady configuration ("" when they do)."""
     for op, end in after.operators.items():
         start = before.operators.get(op)
         if start is None or start.instances != end.instances:
-            return True
+            return f"{op}: {start.instances if start else 0} -> {end.instances} instances answered"
         if end.records_in < start.records_in or end.busy_s < start.busy_s:
-            return True
-    return set(before.operators) != set(after.operators)
+            return f"{op}: counters went back (a worker restarted)"
+    missing = set(before.operators) - set(after.operators)
+    return f"{', '.join(sorted(missing))}: no instance answered" if missing else ""
 
 
 # Guard rails that hold a change back are reported (an Event each); holds that only wait are not.

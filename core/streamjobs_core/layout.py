@@ -41,8 +41,16 @@ class JobKeys:
     def assignment(self, op: str) -> str:
         return f"{self.prefix}:assign:{op}"
 
+    def next_assignment(self, op: str) -> str:
+        """The assignment a rescale in PRESTAGE will switch to (standbys prestage its key groups)."""
+        return f"{self.prefix}:assign-next:{op}"
+
     def standby(self, op: str) -> str:
         return f"{self.prefix}:standby:{op}"
+
+    def standby_lag(self, op: str) -> str:
+        """Per standby instance: changelog entries it applied in its last catch-up round."""
+        return f"{self.prefix}:standby-lag:{op}"
 
     @property
     def rescale_requests(self) -> str:
@@ -83,6 +91,10 @@ class JobKeys:
 
     def snapshot(self, op: str, kg: int) -> str:
         return f"{self.prefix}:snap:{op}:{kg}"
+
+    def snapshot_ids(self, op: str) -> str:
+        """Per key group: the last changelog entry its snapshot covers (read without the snapshot)."""
+        return f"{self.prefix}:snap-ids:{op}"
 
     def done(self, op: str) -> str:
         return f"{self.prefix}:done:{op}"

@@ -59,12 +59,14 @@ class JobPlan:
         return cls(StreamJob.model_validate(data["job"]), int(data["t0_ms"]))
 
 
-def write_assignment(r, keys: JobKeys, op: str, assignment: Assignment) -> None:
-    r.hset(keys.assignment(op), mapping={"epoch": assignment.epoch, "owners": json.dumps(list(assignment.owners))})
+def write_assignment(r, keys: JobKeys, op: str, assignment: Assignment, *, upcoming: bool = False) -> None:
+    """The assignment in force, or (`upcoming`) the one a rescale in PRESTAGE will switch to."""
+    key = keys.next_assignment(op) if upcoming else keys.assignment(op)
+    r.hset(key, mapping={"epoch": assignment.epoch, "owners": json.dumps(list(assignment.owners))})
 
 
-def read_assignment(r, keys: JobKeys, op: str) -> Assignment | None:
-    data = r.hgetall(keys.assignment(op))
+def read_assignment(r, keys: JobKeys, op: str, *, upcoming: bool = False) -> Assignment | None:
+    data = r.hgetall(keys.next_assignment(op) if upcoming else keys.assignment(op))
     if not data:
         return None
     return Assignment(int(data[b"epoch"]), tuple(json.loads(data[b"owners"])))

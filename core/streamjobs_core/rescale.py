@@ -3,8 +3,10 @@
 A rescale is a state machine persisted in Redis (`rescale:current`), so a
 controller that restarts anywhere finds where the last one stopped:
 
-    PRESTAGE  the new instances start as standbys for the next assignment epoch
-              (SparkSession warm) while the old instances keep processing;
+    PRESTAGE  the upcoming assignment is published and the new instances start
+              as standbys for its epoch: SparkSession warm, the state of their
+              key groups loaded and tailed (see the worker's standby.py) while
+              the old instances keep processing;
     HANDOVER  the old instances stop after their last commit, the new assignment
               is written, the standbys see the epoch and take their key groups;
     RETIRE    what belonged to the old epoch is deleted; the record moves to history.
@@ -109,7 +111,7 @@ class RescaleController:
         if state["phase"] == PRESTAGE:
             if state["strategy"] == "all_at_once":
                 self.fleet.discard_standbys(state["operator"], state["epoch"])
-            self.r.delete(self.keys.standby(state["operator"]), self.keys.rescale_current)
+            self.r.delete(*self._prestage_keys(state["operator"]), self.keys.rescale_current)
             return {**state, "phase": "ROLLED_BACK"}
         return self._advance(state, self.clock())
 
@@ -120,7 +122,8 @@ class RescaleController:
         paused = None
         if state["phase"] == PRESTAGE:
             if state["strategy"] == "all_at_once":
-                self.r.delete(self.keys.standby(op))
+                self.r.delete(*self._prestage_keys(op))
+                write_assignment(self.r, self.keys, op, self._assignment(op, n, epoch), upcoming=True)
                 self.fleet.start_standbys(op, n, epoch)
                 self._wait_standbys(op, n, epoch)
             state = self._save({**state, "phase": HANDOVER})
@@ -141,7 +144,7 @@ class RescaleController:
                 self.fleet.start_job(self.parallelism())
             else:
                 self.fleet.adopt(op, n, epoch)
-                self.r.delete(self.keys.standby(op))
+                self.r.delete(*self._prestage_keys(op))
         done = self.clock()
         record = {k: v for k, v in state.items() if k not in ("phase", "started_at")}
         record["rescale_s"] = round(done - started, 3)
@@ -159,15 +162,23 @@ class RescaleController:
         return Assignment.ranges(parallelism, key_groups, epoch=epoch)
 
     def _wait_standbys(self, op: str, count: int, epoch: int) -> None:
+        """Until `count` standbys of `epoch` are warm and their prestaged state nearly current."""
+        bound = self.plan.spec.rescale.prestage_max_lag
         deadline = self.clock() + self.standby_timeout_s
         while True:
-            ready = [int(e) for e in self.r.hvals(self.keys.standby(op))]
-            if sum(e == epoch for e in ready) >= count:
+            ready = {i for i, e in self.r.hgetall(self.keys.standby(op)).items() if int(e) == epoch}
+            lag = {i: int(n) for i, n in self.r.hgetall(self.keys.standby_lag(op)).items()}
+            behind = {i for i in ready if lag.get(i, 0) > bound}
+            if len(ready) >= count and not behind:
                 return
             if self.clock() > deadline:
-                raise RescaleError(f"{count - len(ready)} standby instance(s) of '{op}' not ready "
+                raise RescaleError(f"{count - len(ready)} standby instance(s) of '{op}' not ready and "
+                                   f"{len(behind)} more than {bound} changelog entries behind "
                                    f"after {self.standby_timeout_s:.0f} s")
             self.sleep(0.1)
+
+    def _prestage_keys(self, op: str) -> tuple[str, ...]:
+        return self.keys.standby(op), self.keys.standby_lag(op), self.keys.next_assignment(op)
 
     def _save(self, state: dict) -> dict:
         self.r.set(self.keys.rescale_current, json.dumps(state))

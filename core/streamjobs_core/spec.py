@@ -134,12 +134,17 @@ Source = Annotated[NexmarkSource | ZipfSource | RedisStreamSource, Field(discrim
 # --- stages ----------------------------------------------------------------
 
 
-class _Stage(_Operator):
+class _Consumer(_Operator):
+    """An operator that reads upstream operators' output: a stage or a sink."""
+
     inputs: tuple[str, ...] = Field(min_length=1, description="Names of upstream sources or stages.")
-    key_by: str | None = Field(None, description="Column whose value routes a record to its key group.")
     simulated_cost_us: float = Field(
         0.0, ge=0, description="Sleep this long per record (capacity experiments on few cores)."
     )
+
+
+class _Stage(_Consumer):
+    key_by: str | None = Field(None, description="Column whose value routes a record to its key group.")
     where: str | None = Field(None, description="Spark SQL predicate; only matching input records reach the stage.")
 
 
@@ -243,25 +248,21 @@ Stage = Annotated[
 # --- sinks -----------------------------------------------------------------
 
 
-class _Sink(_Operator):
-    inputs: tuple[str, ...] = Field(min_length=1)
-
-
-class RedisStreamSink(_Sink):
+class RedisStreamSink(_Consumer):
     """Committed output in `sj:{job}:out:<name>`; written in the same transaction as the input offsets."""
 
     type: Literal["redis_stream"]
     max_length: int | None = Field(None, ge=1, description="Approximate cap on the output stream length.")
 
 
-class ParquetSink(_Sink):
+class ParquetSink(_Consumer):
     """Parquet files written by Spark; a Redis manifest lists the committed ones."""
 
     type: Literal["parquet"]
     path: str = Field(min_length=1)
 
 
-class ConsoleSink(_Sink):
+class ConsoleSink(_Consumer):
     type: Literal["console"]
 
 
@@ -365,6 +366,10 @@ class RescaleSettings(_Model):
     )
     assignment: Literal["ranges", "consistent_hashing"] = Field(
         "ranges", description="Key group -> instance map: Flink's contiguous ranges, or a ring that moves fewer."
+    )
+    prestage_max_lag: int = Field(
+        1000, ge=0, description="all_at_once: the handover starts once every standby's last catch-up round "
+        "applied at most this many changelog entries (its prestaged state is nearly current).",
     )
 
 

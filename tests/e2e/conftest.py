@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import pytest
@@ -32,3 +33,17 @@ def assert_exact(report: dict) -> None:
     assert verification["duplicated"] == 0, verification
     assert verification["correct"] is True, verification
     assert report["drained"]
+
+
+def killer(schedule: list[tuple[float, str, int]]):
+    pending = sorted(schedule)
+    killed: list[str] = []
+
+    def during(runtime, elapsed: float) -> None:
+        while pending and pending[0][0] <= elapsed:
+            _, op, index = pending.pop(0)
+            runtime.kill(op, index, signal.SIGKILL)
+            killed.append(f"{op}/{index}")
+
+    during.killed = killed
+    return during

@@ -9,9 +9,7 @@ import sys
 import threading
 import time
 
-import pytest
-
-from .conftest import ROOT, assert_exact
+from .conftest import ROOT, assert_exact, killer
 
 
 def rescaler(plan: list[tuple[float, str, int, str]], settle_s: float = 6.0):
@@ -33,36 +31,31 @@ def rescaler(plan: list[tuple[float, str, int, str]], settle_s: float = 6.0):
     return during
 
 
-# all_at_once scale-out runs under kills below; its scale-in runs through the CLI test.
-@pytest.mark.parametrize("strategy,targets", [("restart", [3])], ids=["restart"])
-def test_scale_in_and_out_of_a_window_stage_is_exact(run, strategy, targets):
-    during = rescaler([(5, "count", to, strategy) for to in targets])
-    report = run("examples/wordcount.yaml", 600, during=during)
-    expected = list(zip([2, *targets], targets))
-    assert [(r["from"], r["to"]) for r in during.records] == expected
-    assert all(r["moved_key_groups"] > 0 for r in during.records)
-    assert [(r["from"], r["to"], r["strategy"]) for r in report["rescales"]] == [(a, b, strategy) for a, b in expected]
-    assert_exact(report)
-
-
-def test_cli_rescale_reaches_the_running_job(redis_server, run):
+def test_a_stateful_stage_survives_sigkills_then_a_cli_restart_rescale(redis_server, run):
+    """Workers of a stateful user function are SIGKILLed mid-stream; then `streamjobs rescale` asks the
+    running job for Flink's stop-and-restart baseline (2 -> 1): exact output throughout."""
+    kills = killer([(4, "first-bid", 0), (8, "first-bid", 1), (11, "bids", 0)])
     cli: list[subprocess.Popen] = []
 
     def during(runtime, elapsed: float) -> None:
-        if elapsed > 4 and not cli:
+        kills(runtime, elapsed)
+        if elapsed > 14 and not cli:
             cli.append(subprocess.Popen(
                 [sys.executable, "-m", "streamjobs.cli", "rescale", "--job", "new-bidders", "--operator", "first-bid",
-                 "--parallelism", "1", "--redis-url", redis_server.url, "--wait", "300"],
+                 "--parallelism", "1", "--strategy", "restart", "--redis-url", redis_server.url, "--wait", "300"],
                 cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             ))
-        if cli and cli[0].poll() is not None and elapsed > 4:
+        if cli and cli[0].poll() is not None:
             runtime.request_stop()  # the runtime's loop carried the request out; the command saw it finish
 
     report = run("tests/jobs/new-bidders.yaml", 600, during=during)
     out, err = cli[0].communicate(timeout=60)
     assert cli[0].returncode == 0, err
+    assert len(kills.killed) == 3 and report["restarts"] >= 3
     assert json.loads(out) == report["rescales"][0]
-    assert report["rescales"][0]["to"] == 1 and report["rescales"][0]["operator"] == "first-bid"
+    rescale = report["rescales"][0]
+    assert (rescale["operator"], rescale["from"], rescale["to"], rescale["strategy"]) == ("first-bid", 2, 1, "restart")
+    assert rescale["moved_key_groups"] > 0
     assert_exact(report)
     refused = subprocess.run(
         [sys.executable, "-m", "streamjobs.cli", "rescale", "--job", "new-bidders", "--operator", "nope",

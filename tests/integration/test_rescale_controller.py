@@ -74,6 +74,32 @@ def test_all_at_once_goes_prestage_handover_retire_and_records_history(r, plan):
     assert json.loads(r.lindex(plan.keys.rescale_history, -1))["epoch"] == 2
 
 
+def test_handover_waits_until_the_standbys_prestaged_state_is_nearly_current(r, plan):
+    """Standbys learn their key groups from the upcoming assignment before they start; the old owners
+    stop only once every standby's last catch-up round was short."""
+    keys, seen = plan.keys, {}
+    fleet = RecordingFleet(r, plan)
+    rounds = iter([5000, 40])  # a standby still replaying a long changelog, then one near the head
+
+    def start_standbys(op, parallelism, epoch):
+        seen["upcoming"] = read_assignment(r, keys, op, upcoming=True)
+        RecordingFleet.start_standbys(fleet, op, parallelism, epoch)
+        r.hset(keys.standby_lag(op), "1", next(rounds))
+
+    def sleep(_):
+        r.hset(keys.standby_lag("agg"), "1", next(rounds, 40))
+
+    def stop_old(op, epoch):
+        seen["lag_seen_by_stop"] = int(r.hget(keys.standby_lag(op), "1"))
+        RecordingFleet.stop_old(fleet, op, epoch)
+
+    fleet.start_standbys, fleet.stop_old = start_standbys, stop_old
+    RescaleController(r, plan, fleet, sleep=sleep).rescale("agg", 4, "all_at_once")
+    assert seen["upcoming"] == read_assignment(r, keys, "agg")  # what the standbys prestaged is what switched
+    assert seen["lag_seen_by_stop"] <= plan.spec.rescale.prestage_max_lag
+    assert not r.exists(keys.next_assignment("agg"), keys.standby_lag("agg"), keys.standby("agg"))
+
+
 def test_restart_stops_and_starts_the_whole_job(r, plan):
     fleet = RecordingFleet(r, plan)
     RescaleController(r, plan, fleet).rescale("agg", 3, "restart")

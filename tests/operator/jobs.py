@@ -11,8 +11,9 @@ from streamjobs_operator.kube import Kube
 NAMESPACE = "default"
 
 
-def wordcopy(name: str, sink_parallelism: int = 1, **spec) -> dict:
-    """Zipf words copied to a Redis stream sink: two operators, no SparkSession to wait for."""
+def wordcopy(name: str, sink_parallelism: int = 1, sink_cost_us: float = 0.0, **spec) -> dict:
+    """Zipf words copied to a Redis stream sink: two operators, no SparkSession to wait for. With
+    `sink_cost_us`, each sink instance copies at most 1e6 / sink_cost_us records per second."""
     return {
         "apiVersion": "streamjobs.dev/v1alpha1",
         "kind": "StreamJob",
@@ -21,7 +22,8 @@ def wordcopy(name: str, sink_parallelism: int = 1, **spec) -> dict:
             "maxParallelism": 12,
             "sources": [{"name": "words", "type": "zipf", "vocabulary": 50,
                          "rate": {"recordsPerSecond": 150}}],
-            "sinks": [{"name": "copies", "type": "redis_stream", "inputs": ["words"], "parallelism": sink_parallelism}],
+            "sinks": [{"name": "copies", "type": "redis_stream", "inputs": ["words"], "parallelism": sink_parallelism,
+                       "simulatedCostUs": sink_cost_us}],
             "batching": {"minIntervalMs": 100, "maxWaitMs": 50},
             **spec,
         },

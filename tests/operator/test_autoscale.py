@@ -9,13 +9,14 @@ from streamjobs_core.plan import read_assignment
 from .conftest import assert_exact_after_stop, events, eventually
 from .jobs import get, wordcopy
 
-# reactive with a threshold every backlog exceeds: a decision within seconds, bounded at 2 instances.
+# One sink instance copies 100 of the 150 rec/s (10 ms each), so its backlog grows for sure; two keep up.
+# reactive with a threshold that backlog exceeds: a decision within seconds, bounded at 2 instances.
 AUTOSCALER = {"policy": "reactive", "intervalS": 1, "metricsWindowS": 3, "stabilizationS": 2,
-              "activationIntervals": 1, "lagHighRecords": 1, "lagLowRecords": 0, "maxParallelism": 2}
+              "activationIntervals": 1, "lagHighRecords": 20, "lagLowRecords": 0, "maxParallelism": 2}
 
 
 def test_the_autoscaler_daemon_rescales_the_job_live_and_explains_why(emulator, kube, kubelet, redis_client, job):
-    job(wordcopy("autoscaled", sink_parallelism=1, autoscaler=AUTOSCALER))
+    job(wordcopy("autoscaled", sink_parallelism=1, sink_cost_us=10_000, autoscaler=AUTOSCALER))
     keys = JobKeys("autoscaled")
     eventually(lambda: read_assignment(redis_client, keys, "copies") is not None
                and read_assignment(redis_client, keys, "copies").parallelism == 2, 180, "copies scaled to 2")

@@ -11,10 +11,10 @@ import threading
 
 from streamjobs_core.connect import connect
 from streamjobs_core.layout import JobKeys
-from streamjobs_core.plan import JobPlan, read_assignment
+from streamjobs_core.plan import JobPlan
 
-from . import spark
-from .worker import SPARK_OPERATOR_TYPES, Worker
+from .standby import await_epoch
+from .worker import Worker
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,23 +40,14 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    if args.await_epoch is not None and not standby(r, plan, args.operator, args.instance, args.await_epoch, stop):
-        return 0
-    Worker(r, plan, args.operator, args.instance, args.metrics_host, args.metrics_port, args.advertise_host).run(stop)
+    prestaged = None
+    if args.await_epoch is not None:
+        proceed, prestaged = await_epoch(r, plan, args.operator, args.instance, args.await_epoch, stop)
+        if not proceed:
+            return 0
+    Worker(r, plan, args.operator, args.instance, args.metrics_host, args.metrics_port, args.advertise_host,
+           prestaged).run(stop)
     return 0
-
-
-def standby(r, plan: JobPlan, op: str, instance: int, epoch: int, stop: threading.Event) -> bool:
-    """Pay the SparkSession start before the rescale needs this instance; return when it may run."""
-    if plan.spec.operator(op).type in SPARK_OPERATOR_TYPES:
-        spark.session()
-    keys = plan.keys
-    r.hset(keys.standby(op), str(instance), epoch)
-    while not stop.wait(0.05):
-        assignment = read_assignment(r, keys, op)
-        if assignment is not None and assignment.epoch >= epoch:
-            return True
-    return False
 
 
 if __name__ == "__main__":

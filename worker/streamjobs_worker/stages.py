@@ -10,7 +10,6 @@ key group.
 from __future__ import annotations
 
 import importlib
-import time
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
@@ -33,12 +32,6 @@ def load_function(ref: str) -> Callable[..., Any]:
 
 def view_name(op: str) -> str:
     return op.replace("-", "_")
-
-
-def _simulate_cost(spec, records: int) -> None:
-    # Sleeping, not spinning: on few cores, more instances then really add capacity.
-    if spec.simulated_cost_us and records:
-        time.sleep(spec.simulated_cost_us * records / 1e6)
 
 
 class _SparkStage:
@@ -77,7 +70,6 @@ class SqlStage(_SparkStage):
         if not batch.records:
             return None, watermark
         self._register_inputs(batch)
-        _simulate_cost(self.spec, batch.records)
         return self.spark.sql(self.spec.query).toArrow(), watermark
 
 
@@ -90,7 +82,6 @@ class PySparkStage(_SparkStage):
         if not batch.records:
             return None, watermark
         df = self._register_inputs(batch)
-        _simulate_cost(self.spec, batch.records)
         return self._fn(df).toArrow(), watermark
 
 
@@ -165,7 +156,6 @@ class WindowAggregate(_SparkStage):
 
     def _add(self, batch) -> None:
         self._register_inputs(batch)
-        _simulate_cost(self.spec, batch.records)
         if self._watermark > -(2**63):
             # A record is late when even its last window has fired already.
             times = np.concatenate([batch.table(u).column("event_time").to_numpy() for u in self.spec.inputs
@@ -240,7 +230,6 @@ class Stateful(_SparkStage):
         from pyspark.sql.types import StructType
 
         df = self._register_inputs(batch)
-        _simulate_cost(self.spec, batch.records)
         key = self.spec.key_by
         key_column = pa.concat_arrays(
             [c for u in self.spec.inputs if batch.table(u) is not None for c in batch.table(u).column(key).chunks]

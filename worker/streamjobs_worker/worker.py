@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import tempfile
 import threading
 import time
 
@@ -29,6 +27,7 @@ from .outputs import OutputRouter
 from .sinks import make_sink
 from .sources import make_source
 from .stages import make_stage
+from .standby import Prestaged, state_directory
 from .state import open_store
 from .transaction import Checkpoint, Transaction
 
@@ -38,13 +37,12 @@ _LAG_EVERY_S = 1.0
 _LATENCY_SAMPLES = 200
 _MAX_ENTRIES_PER_STREAM = 4096
 _SOURCE_TICK_S = 0.05
-SPARK_OPERATOR_TYPES = ("sql", "pyspark", "window_aggregate", "stateful", "parquet")
 
 
 class Worker:
     def __init__(
         self, r: redis.Redis, plan: JobPlan, op: str, instance: int, metrics_host: str = "127.0.0.1",
-        metrics_port: int = 0, advertise_host: str | None = None,
+        metrics_port: int = 0, advertise_host: str | None = None, prestaged: Prestaged | None = None,
     ) -> None:
         self.r = r
         self.plan = plan
@@ -61,9 +59,11 @@ class Worker:
         self.metrics.assignment_epoch.set(assignment.epoch)
         self.is_source = self.spec in plan.spec.sources
         self.is_sink = self.spec in plan.spec.sinks
-        state = plan.spec.state
-        directory = os.path.join(state.directory or tempfile.gettempdir(), f"streamjobs-{plan.name}-{op}-{instance}")
-        self.store = open_store(state.backend, self.owned, directory)
+        if prestaged is not None and set(prestaged.store.key_groups) != set(self.owned):
+            prestaged = None  # prestaged for an assignment that is not the one in force
+        self.prestaged = prestaged
+        self.store = prestaged.store if prestaged is not None else open_store(
+            plan.spec.state.backend, self.owned, state_directory(plan, op, instance, assignment.epoch))
         self.source = make_source(r, plan, op, self.owned) if self.is_source else None
         self.reader = None if self.is_source else InputReader(r, plan, op, self.owned)
         self.stage = None
@@ -99,12 +99,14 @@ class Worker:
         if self.reader is not None:
             self.reader.restore()
         if self.stage is not None:
-            self._changelog_ids = recovery.restore(self.r, self.plan.keys, self.op, self.store)
+            since = self.prestaged.applied if self.prestaged is not None else None
+            self._changelog_ids = recovery.restore(self.r, self.plan.keys, self.op, self.store, since)
             self.stage.restore()
 
     def run(self, stop: threading.Event) -> None:
         self.restore()
-        log.info("%s/%d owns %d key groups (incarnation %d)", self.op, self.instance, len(self.owned), self.incarnation)
+        log.info("%s/%d owns %d key groups (incarnation %d%s)", self.op, self.instance, len(self.owned),
+                 self.incarnation, ", state prestaged as a standby" if self.prestaged is not None else "")
         while not stop.is_set():
             self.step()
 
@@ -197,6 +199,9 @@ class Worker:
         return (table.num_rows if table is not None else 0), table, watermark, waited
 
     def _process(self, batch: InputBatch, watermark: int, txn: Transaction):
+        if self.spec.simulated_cost_us and batch.records:
+            # Sleeping, not spinning: on few cores, more instances then really add capacity.
+            time.sleep(self.spec.simulated_cost_us * batch.records / 1e6)
         if self.sink is not None:
             for upstream in self.spec.inputs:
                 table = batch.table(upstream)
