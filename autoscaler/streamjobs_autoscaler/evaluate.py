@@ -66,14 +66,21 @@ def _arrival(start: OperatorCounters, end: OperatorCounters, dt: float) -> float
 
 @dataclass(frozen=True)
 class Target:
-    target_rate: float  # records per second the operator must process
+    target_rate: float  # records per second the operator must process if it is rescaled
+    steady_rate: float  # the same without the input that piles up during a rescale
     true_rate_per_instance: float | None
     parallelism: float | None  # exact (unrounded) instances needed; None when the true rate is unknown
     selectivity: float  # output records per input record and consumer
 
+    def utilization(self, instances: int) -> float | None:
+        """Busy share `instances` would run at to keep up (steady rate); None when the true rate is unknown."""
+        if not self.true_rate_per_instance:
+            return None
+        return self.steady_rate / (self.true_rate_per_instance * max(1, instances))
+
 
 def ds2(topology: Topology, rates: dict[str, Rates], settings: AutoscalerSettings) -> dict[str, Target]:
-    """Target rate and needed parallelism of every operator, from sources to sinks in one pass."""
+    """Target rates and needed parallelism of every operator, from sources to sinks in one pass."""
     targets: dict[str, Target] = {}
     catch_up = settings.catch_up_seconds
     for info in topology.operators:
@@ -81,17 +88,17 @@ def ds2(topology: Topology, rates: dict[str, Rates], settings: AutoscalerSetting
         if rate is None:
             continue
         if info.is_source:
-            # What arrives, the backlog to catch up, and what arrives while the rescale itself runs.
-            target = rate.arrival_per_s * (1 + settings.expected_rescale_s / catch_up) + rate.backlog / catch_up
+            # What arrives and the backlog to catch up; sizing a rescale adds what arrives while it runs.
+            steady = rate.arrival_per_s + rate.backlog / catch_up
+            target = steady + rate.arrival_per_s * settings.expected_rescale_s / catch_up
         else:
-            upstream = sum(
-                targets[u].target_rate * targets[u].selectivity for u in info.inputs if u in targets
-            )
-            target = upstream + rate.backlog / catch_up
+            feeding = [targets[u] for u in info.inputs if u in targets]
+            steady = sum(u.steady_rate * u.selectivity for u in feeding) + rate.backlog / catch_up
+            target = sum(u.target_rate * u.selectivity for u in feeding) + rate.backlog / catch_up
         selectivity = rate.output_per_s / rate.input_per_s / max(1, info.consumers) if rate.input_per_s > 0 else 1.0
         true_rate = rate.true_rate_per_instance
         needed = target / (true_rate * settings.target_utilization) if true_rate else None
-        targets[info.name] = Target(target, true_rate, needed, selectivity)
+        targets[info.name] = Target(target, steady, true_rate, needed, selectivity)
     return targets
 
 

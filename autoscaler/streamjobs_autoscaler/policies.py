@@ -32,6 +32,14 @@ def ds2_policy(
         if target.parallelism is None:
             out.append(OperatorDecision(info.name, now, now, now, "ds2: no busy time in the window, kept", **common))
             continue
+        utilization = target.utilization(now)
+        band = (settings.target_utilization - settings.utilization_boundary,
+                settings.target_utilization + settings.utilization_boundary)
+        if band[0] <= utilization <= band[1]:
+            out.append(OperatorDecision(
+                info.name, now, now, now, "ds2: within the utilization band", note=(
+                    f"busy {utilization:.0%} at the target rate, within {band[0]:.0%}-{band[1]:.0%}"), **common))
+            continue
         lowest, highest = bounds(settings, info.key_groups)
         wanted, limited = evenly_spread(target.parallelism, info.key_groups, lowest, highest)
         note = (f"needs {target.parallelism:.2f}; limited to {wanted} by the bounds" if limited

@@ -134,11 +134,11 @@ class RescaleController:
             else:
                 self.fleet.stop_old(op, epoch)
             old = read_assignment(self.r, self.keys, op)
-            new = self._assignment(op, n, epoch)
-            if old.epoch < epoch:  # a resumed HANDOVER may have written it already
+            if old.epoch < epoch:  # a resumed HANDOVER may have switched already
+                new = self._assignment(op, n, epoch)
                 write_assignment(self.r, self.keys, op, new)
-            state = self._save({**state, "phase": RETIRE, "moved_key_groups": len(moves(old, new))
-                                if old.epoch < epoch else state.get("moved_key_groups", 0)})
+                state = {**state, "moved_key_groups": len(moves(old, new))}
+            state = self._save({**state, "phase": RETIRE})
         if state["phase"] == RETIRE:
             if state["strategy"] == "restart":
                 self.fleet.start_job(self.parallelism())

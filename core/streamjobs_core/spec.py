@@ -318,9 +318,14 @@ class AutoscalerSettings(_Model):
     target_utilization: float = Field(
         0.7, gt=0, le=1, description="Busy share each instance should run at (headroom for bursts)."
     )
+    utilization_boundary: float = Field(
+        0.2, ge=0, lt=1, description="ds2 keeps an operator whose busy share at the target rate stays within "
+        "targetUtilization +- this (Flink's utilization boundary): no rescale for small swings of load.",
+    )
     catch_up_seconds: float = Field(60.0, gt=0, description="Backlog (source pending + kg lag) is caught up within this.")
     expected_rescale_s: float = Field(
-        20.0, ge=0, description="Input that piles up during the rescale itself, also to be caught up."
+        20.0, ge=0, description="Input that piles up during a rescale, also to be caught up: added to the target "
+        "rate when a rescale is decided anyway, never a reason for one.",
     )
     stabilization_s: float = Field(
         30.0, ge=0, description="After a rescale, no decision on metrics that include it or this long after it."

@@ -122,4 +122,4 @@ def refresh(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         return
     ctx = _context(body, memo)
     if ctx is not None:
-        reconcile.refresh_status(ctx)
+        _, memo["flow"] = reconcile.refresh_status(ctx, memo.get("flow"))

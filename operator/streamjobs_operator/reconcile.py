@@ -8,6 +8,7 @@ restart interrupted.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -234,22 +235,32 @@ def cleanup(owner: Owner, body: Any, kube: Kube, timeout_s: float) -> int:
         r.close()
 
 
-def refresh_status(ctx: JobContext) -> dict:
-    """Desired, current and assigned parallelism and epochs, for `kubectl get sj`."""
+def refresh_status(ctx: JobContext, last_flow: tuple[float, int] | None = None) -> tuple[dict, tuple | None]:
+    """Desired, current and assigned parallelism and epochs, input rate and lag, for `kubectl get sj`.
+
+    Returns the operators' status and this reading of the sources' emitted records (time, count),
+    from which the next call computes the input rate.
+    """
     fleet = ctx.fleet()
     ready: dict[str, int] = {}
     for sts in fleet.statefulsets():
         op = sts["metadata"]["labels"].get(resources.LABEL_OPERATOR)
         ready[op] = ready.get(op, 0) + int((sts.get("status") or {}).get("readyReplicas") or 0)
+    reading = None
     with ctx.redis() as r:
         plan = store.read_plan(r, ctx.owner.name)
         assigned = store.assignments(r, plan) if plan else {}
         progress = RescaleController(r, plan, fleet).current() if plan else None
+        if plan:
+            emitted, lag = store.flow(r, plan)
+            reading = (time.monotonic(), emitted)
     ctx.status.rescale(progress)
+    if reading is not None:
+        ctx.status.flow(status.input_rate(last_flow, reading), lag)
     desired = {op.name: op.parallelism for op in ctx.job.spec.operators}
     operators = status.operators_status(desired, assigned, ready)
     ctx.status.operators(operators)
-    return operators
+    return operators, reading
 
 
 __all__ = ["JobContext", "NotReady", "SpecError", "UnsupportedChange", "cleanup", "deploy", "job_of",

@@ -37,6 +37,13 @@ def parallelism_summary(operators: Mapping[str, dict]) -> str:
     return " ".join(parts)
 
 
+def input_rate(previous: tuple[float, int] | None, now: tuple[float, int]) -> float | None:
+    """Records per second between two (time, records emitted) readings; None without a usable pair."""
+    if previous is None or now[0] <= previous[0] or now[1] < previous[1]:
+        return None  # the first reading, or counters that began again (the job was redeployed)
+    return round((now[1] - previous[1]) / (now[0] - previous[0]), 1)
+
+
 class StatusWriter:
     def __init__(self, kube: Kube, owner: Owner) -> None:
         self.kube = kube
@@ -58,3 +65,6 @@ class StatusWriter:
 
     def operators(self, operators: dict) -> None:
         self.patch(operators=operators, parallelismSummary=parallelism_summary(operators))
+
+    def flow(self, rate: float | None, lag: int) -> None:
+        self.patch(inputRate=rate, lag=lag)

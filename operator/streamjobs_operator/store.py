@@ -92,6 +92,21 @@ def assignments(r, plan: JobPlan) -> dict[str, tuple[int, int]]:
     return out
 
 
+def flow(r, plan: JobPlan) -> tuple[int, int]:
+    """(records the sources have emitted, records between operators not consumed yet), from the
+    exchange's counters: the input rate and lag `kubectl get sj` shows."""
+    edges = [edge for op in plan.spec.operators for edge in plan.edges_out(op.name)]
+    pipe = r.pipeline(transaction=False)
+    for edge in edges:
+        pipe.hvals(plan.keys.produced(edge.upstream, edge.downstream))
+        pipe.hvals(plan.keys.consumed(edge.upstream, edge.downstream))
+    totals = [sum(int(v) for v in values) for values in pipe.execute()]
+    produced = dict(zip(edges, totals[::2]))
+    # A source's records go once to each consumer: count them on its first edge.
+    emitted = sum(produced[plan.edges_out(s.name)[0]] for s in plan.spec.sources if plan.edges_out(s.name))
+    return emitted, sum(p - c for p, c in zip(totals[::2], totals[1::2]))
+
+
 def clear(r, keys: JobKeys) -> int:
     deleted = 0
     batch: list[bytes] = []

@@ -114,6 +114,11 @@ def _bench(args) -> int:
 
         png = str(Path(args.json).with_suffix(".png")) if args.json else None
         measured = autoscale.run(args.quick, args.scenario, png)
+    elif args.name == "rescale":
+        from .bench import rescale
+
+        png = str(Path(args.json).with_suffix(".png")) if args.json else None
+        measured = rescale.run(args.quick, args.state_mb, png)
     else:
         measured = throughput.run(args.quick)
     result = {"bench": args.name, "quick": args.quick, **measured}
@@ -160,10 +165,12 @@ def main(argv: list[str] | None = None) -> int:
     rescale.set_defaults(func=_rescale)
 
     bench = sub.add_parser("bench", help="benchmarks measured on this machine")
-    bench.add_argument("name", choices=["throughput", "autoscale"])
+    bench.add_argument("name", choices=["throughput", "autoscale", "rescale"])
     bench.add_argument("--scenario", action="append", default=None,
                        help="autoscale: run only this load profile (repeatable)")
     bench.add_argument("--quick", action="store_true", help="a run of a few minutes")
+    bench.add_argument("--state-mb", type=float, default=None,
+                       help="rescale: the large state for handover_growth (default 500, --quick 200)")
     bench.add_argument("--json", default=None, help="write the results here")
     bench.set_defaults(func=_bench)
 

@@ -59,13 +59,16 @@ class LocalRuntime:
 
     # --- start -----------------------------------------------------------------
 
-    def start(self, ready_timeout_s: float = 120.0) -> None:
+    def start(self, ready_timeout_s: float = 120.0, prepare=None) -> None:
+        """Deploy and start the job; `prepare(r, plan)` runs before any worker (benchmarks seed state)."""
         self._clear_job_keys()
         spec = self.job.spec
         self.parallelism = {op.name: op.parallelism for op in spec.operators}
         self._write_plan(int(time.time() * 1000))
         for op in spec.operators:
             write_assignment(self.r, self.keys, op.name, self.plan.initial_assignment(op.name))
+        if prepare is not None:
+            prepare(self.r, self.plan)
         self._start_all(ready_timeout_s, before_sources=lambda: self._write_plan(int(time.time() * 1000)))
 
     def _write_plan(self, t0_ms: int) -> None:
@@ -180,7 +183,10 @@ class LocalRuntime:
         self.wait_ready([(op, i) for i in range(parallelism)], self.ready_timeout_s)
 
     def discard_standbys(self, op: str, epoch: int) -> None:
-        for key in [k for k in self.standbys if k[0] == op]:
+        self._kill_standbys([k for k in self.standbys if k[0] == op])  # only one rescale runs at a time
+
+    def _kill_standbys(self, which: list[tuple[str, int]]) -> None:
+        for key in which:
             process = self.standbys.pop(key).process
             process.kill()
             process.wait()
@@ -230,5 +236,4 @@ class LocalRuntime:
 
     def shutdown(self, timeout_s: float = 15.0) -> None:
         self._stop(list(self.instances), timeout_s)
-        for op in {k[0] for k in self.standbys}:
-            self.discard_standbys(op, 0)
+        self._kill_standbys(list(self.standbys))

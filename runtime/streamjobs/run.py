@@ -30,11 +30,13 @@ def run_job(
     console: Console | None = None,
     log_dir: str | None = None,
     during=None,
+    prepare=None,
 ) -> dict:
     """Run until duration (or Ctrl-C, or bounded sources finish), drain, verify, report.
 
     The duration counts from the moment every worker is up. `during(runtime, elapsed_s)`
-    is called about every 0.5 s while the job runs (chaos in tests).
+    is called about every 0.5 s while the job runs (chaos in tests); `prepare(r, plan)` before
+    any worker starts.
     """
     console = console or Console()
     with contextlib.ExitStack() as stack:
@@ -44,7 +46,7 @@ def run_job(
         runtime = LocalRuntime(job, redis_url, logs)
         stack.callback(runtime.shutdown)
         console.print(f"starting {job.metadata.name} on {redis_url}: workers log to {logs}")
-        runtime.start()
+        runtime.start(prepare=prepare)
         started = time.monotonic()
         started_ms = int(time.time() * 1000)
         view = LiveView(runtime.r, runtime.plan, runtime.parallelism)

@@ -33,6 +33,9 @@ def test_parallelism_edit_rescales_live_with_exact_output(emulator, kube, kubele
     keys = JobKeys("elastic")
     out = keys.output_stream("copies")
     eventually(lambda: redis_client.xlen(out) > 0, 90, "sink output")
+    # `kubectl get sj` columns: the source offers 150 rec/s; what waits between operators is a count.
+    flow = eventually(lambda: (s := get(kube, "elastic").get("status", {})).get("inputRate") and s, 30, "input rate")
+    assert 50 < flow["inputRate"] < 450 and flow["lag"] >= 0
 
     seen_standbys: list[list[str]] = []
 

@@ -8,7 +8,7 @@ from streamjobs_operator import resources
 from streamjobs_operator.autoscaling import KopfEvents, parallelism_patch
 from streamjobs_operator.config import Settings
 from streamjobs_operator.reconcile import UnsupportedChange, check_change, job_of
-from streamjobs_operator.status import operators_status, parallelism_summary
+from streamjobs_operator.status import input_rate, operators_status, parallelism_summary
 from streamjobs_operator.store import NoRedis, redis_target
 
 from .jobs import wordcopy
@@ -86,3 +86,9 @@ def test_an_autoscaler_decision_patches_the_right_operator_and_becomes_an_event(
     KopfEvents({"metadata": {"name": "j"}}, post=lambda body, **kw: posted.append(kw)).emit(
         "ScaleUp", "count 2 -> 4: true rate 900/s per instance", warning=False)
     assert posted == [{"type": "Normal", "reason": "ScaleUp", "message": "count 2 -> 4: true rate 900/s per instance"}]
+
+
+def test_input_rate_needs_two_readings_of_counters_that_only_grow():
+    assert input_rate(None, (10.0, 500)) is None
+    assert input_rate((10.0, 500), (12.0, 800)) == 150.0
+    assert input_rate((10.0, 500), (12.0, 20)) is None  # the job was redeployed: its counters began again

@@ -8,6 +8,7 @@ import pytest
 from streamjobs_autoscaler.autoscaler import Autoscaler
 from streamjobs_autoscaler.collect import OperatorCounters, Snapshot
 from streamjobs_autoscaler.evaluate import ds2, evenly_spread, window_rates
+from streamjobs_autoscaler.policies import ds2_policy
 from streamjobs_autoscaler.ports import MemoryDecisionLog
 from streamjobs_autoscaler.topology import OperatorInfo, Topology
 from streamjobs_core.spec import AutoscalerSettings
@@ -108,7 +109,7 @@ def test_reactive_climbs_one_instance_at_a_time():
 
 def test_no_decision_on_metrics_that_include_a_rescale():
     job = FluidJob(rate=2800)
-    scaler, _ = autoscaler(job)
+    scaler, _ = autoscaler(job, utilization_boundary=0)  # so the catch-up's end brings a second decision
     collected = []
     scaler.collector = type("C", (), {"collect": lambda _, now: collected.append(now) or job.collect(now)})()
     first = run(job, scaler, 50)
@@ -117,6 +118,28 @@ def test_no_decision_on_metrics_that_include_a_rescale():
     later = run(job, scaler, 120)
     assert not [t for t in collected if rescaled_at < t < rescaled_at + FAST["stabilization_s"]]
     assert later and later[0].time >= rescaled_at + FAST["stabilization_s"] + FAST["metrics_window_s"]
+
+
+def test_ds2_keeps_an_operator_whose_load_swings_within_the_utilization_band():
+    """1,000 rec/s per instance at 80 % target: 3 instances carry 1,800-2,600 rec/s at 60-87 % busy
+    (within 80 +- 20 %), so a load swinging there causes no rescale; leaving the band does."""
+    job = FluidJob(rate=2200)
+    job.parallelism["stage"] = 3
+    job.parallelism["sink"] = 1
+    scaler, _ = autoscaler(job, utilization_boundary=0.2)
+    for rate in (2200, 2600, 1800, 2500, 1900, 2200):
+        job.rate = rate
+        run(job, scaler, 60)
+    assert [r for r in job.rescales if r[0] == "stage"] == []
+    start = job.collect(job.now)
+    job.advance(20)
+    rates = window_rates([start, job.collect(job.now)])
+    kept = next(d for d in ds2_policy(TOPOLOGY, rates, job.parallelism, scaler.settings) if d.operator == "stage")
+    assert (kept.parallelism, kept.rule) == (3, "ds2: within the utilization band") and "busy 73%" in kept.explain()
+    job.rate = 4000  # 133 % busy on 3 instances
+    run(job, scaler, 120)
+    first = [n for op, n in job.rescales if op == "stage"][0]
+    assert 5 <= first <= 6  # 4,000 / 800 plus the backlog that piled up while activation confirmed it
 
 
 def test_scale_down_waits_and_applies_the_largest_recommendation_of_the_delay():

@@ -36,6 +36,7 @@ class GeneratorSource:
         self._stopped = False
         self.behind = False  # the last poll left due records for the next one
         self.pending = 0  # records due and not yet emitted: the autoscaler's view of the source's backlog
+        self.bad: list[tuple[str, bytes, str, dict]] = []  # generated records are never undecodable
 
     def restore(self) -> None:
         fields = [f"p{p}" for p in self._partitions]

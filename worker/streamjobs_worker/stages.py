@@ -40,6 +40,7 @@ class _SparkStage:
         self.store = store
         self.spark = spark.session()
         self._schemas: dict[str, pa.Schema] = {}
+        self.late_records = 0  # records dropped as late since the worker last read this
 
     def _register_inputs(self, batch) -> Any:
         """Register each input and their union (`input`) as views; return the union DataFrame."""
@@ -134,7 +135,6 @@ class WindowAggregate(_SparkStage):
         self._widths = [len(_PARTIALS[a.function]) for a in spec.aggregations]
         self._timers: dict[int, set[tuple[int, Any]]] = defaultdict(set)
         self._watermark = -(2**63)
-        self.late_records = 0
 
     def restore(self) -> None:
         for kg in self.store.key_groups:

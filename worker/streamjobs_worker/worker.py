@@ -187,10 +187,9 @@ class Worker:
             self._last_control = now
         table, watermark = self.source.poll(self._source_budget, now, self._stop_requested)
         self.source.stage(txn)
-        for stream, entry_id, error, record in getattr(self.source, "bad", ()):
+        for stream, entry_id, error, record in self.source.bad:
             self._dead_letter_one(txn, stream, entry_id, error, json.dumps(record))
-        if getattr(self.source, "bad", None):
-            self.source.bad.clear()
+        self.source.bad.clear()
         waited = 0.0
         if not self.source.behind:
             # Not behind: gather a tick's worth of records per commit rather than a few per loop.
@@ -210,9 +209,8 @@ class Worker:
                     self.sink.write(table, txn)
             return None, watermark
         output, out_watermark = self.stage.process(batch, watermark)
-        late = getattr(self.stage, "late_records", 0)
-        if late:
-            self.metrics.late_records.inc(late)
+        if self.stage.late_records:
+            self.metrics.late_records.inc(self.stage.late_records)
             self.stage.late_records = 0
         return output, out_watermark
 

@@ -1,0 +1,265 @@
+"""`streamjobs bench rescale`: what a live rescale costs, per strategy, against stop-and-restart.
+
+A stateful window job runs at steady load on the local runtime; its window
+stage scales out 2 -> 4 and back in 4 -> 2 with each strategy. Everything is
+read back from Redis after the run, per 100 ms: end-to-end latency (the sinks'
+samples) and output records. A moved key group's pause is the longest stretch
+without output for it around the rescale, next to the same measure at steady
+state. State size is set with ballast: window state in windows that never fire
+(they start beyond any watermark), written as snapshots before the workers
+start, so it is restored, prestaged and moved like any other state.
+
+Strategies not built yet (fluid, batched) are listed as such, not measured.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import msgpack
+import numpy as np
+import redis
+from rich.console import Console
+from streamjobs_core.generators import MAX_WATERMARK
+from streamjobs_core.keygroups import Assignment, key_groups_of, moves
+from streamjobs_core.layout import JobKeys
+from streamjobs_core.loading import parse_job
+from streamjobs_core.spec import StreamJob
+from streamjobs_worker.recovery import write_snapshot
+
+from ..redis_server import RedisServer
+from ..run import run_job
+
+STAGE, SINK = "count", "counts"
+MEASURED = ("all_at_once", "restart")
+NOT_BUILT = ("fluid", "batched")
+BIN_MS = 100
+RATE = 2000
+BALLAST_VALUE_BYTES = 1024
+_AFTER_S = 10.0  # how long after a rescale its effects on latency are counted
+
+
+def bench_job(name: str) -> StreamJob:
+    return parse_job({
+        "apiVersion": "streamjobs.dev/v1alpha1", "kind": "StreamJob", "metadata": {"name": name},
+        "spec": {
+            "sources": [{"name": "words", "type": "zipf", "vocabulary": 4000, "exponent": 0.8, "outOfOrderMs": 100,
+                         "rate": {"profile": "constant", "recordsPerSecond": RATE}}],
+            "stages": [{"name": STAGE, "type": "window_aggregate", "inputs": ["words"], "keyBy": "word",
+                        "parallelism": 2, "window": {"type": "tumbling", "sizeMs": 1000},
+                        "aggregations": [{"function": "count", "as": "n"}]}],
+            "sinks": [{"name": SINK, "type": "redis_stream", "inputs": [STAGE]}],
+            # Rare snapshots: each one rewrites the ballast of every key group it covers.
+            "state": {"snapshotEveryBatches": 200},
+        },
+    })
+
+
+def ballast(state_mb: float):
+    """`prepare` hook: `state_mb` MB of never-firing window state, spread over the stage's key groups."""
+
+    def prepare(r, plan) -> None:
+        key_groups = plan.key_groups(STAGE)
+        per_kg = max(1, int(state_mb * 1e6 / BALLAST_VALUE_BYTES / key_groups))
+        value = (b"b" * BALLAST_VALUE_BYTES,)
+        for kg in range(key_groups):
+            items = [((f"~ballast-{kg}-{i}", MAX_WATERMARK), value) for i in range(per_kg)]
+            pipe = r.pipeline(transaction=False)
+            write_snapshot(pipe, plan.keys, STAGE, kg, b"0-1", items)
+            pipe.execute()
+
+    return prepare
+
+
+def state_bytes(r, keys, kgs: list[int]) -> int:
+    """Durable state of these key groups: snapshot plus changelog tail, as Redis stores them."""
+    pipe = r.pipeline(transaction=False)
+    for kg in kgs:
+        pipe.strlen(keys.snapshot(STAGE, kg))
+        pipe.memory_usage(keys.changelog(STAGE, kg))
+    return sum(int(v or 0) for v in pipe.execute())
+
+
+class Rescaler:
+    """`during` hook: steady, scale out, steady, scale in, steady, stop; times every rescale on the wall clock."""
+
+    def __init__(self, strategy: str, steps: list[int], steady_s: float) -> None:
+        self.strategy = strategy
+        self.steps = list(steps)
+        self.steady_s = steady_s
+        self.rescales: list[dict] = []
+        self._last_end = 0.0
+
+    def __call__(self, runtime, elapsed: float) -> None:
+        if elapsed - self._last_end < self.steady_s:
+            return
+        if not self.steps:
+            runtime.request_stop()
+            return
+        to = self.steps.pop(0)
+        current = runtime.parallelism[STAGE]
+        key_groups = runtime.plan.key_groups(STAGE)
+        moved = [m.key_group for m in moves(Assignment.ranges(current, key_groups), Assignment.ranges(to, key_groups))]
+        before = state_bytes(runtime.r, runtime.keys, moved)
+        started_ms = time.time() * 1000
+        record = runtime.rescale(STAGE, to, self.strategy)
+        self.rescales.append({"record": record, "moved": moved, "bytes_moved": before,
+                              "start_ms": started_ms, "end_ms": time.time() * 1000})
+        self._last_end = elapsed + record["rescale_s"]
+
+
+def latency_by_time(r, keys) -> tuple[np.ndarray, np.ndarray]:
+    """(time ms, latency ms) of every sample the sinks wrote."""
+    times, values = [], []
+    for _, fields in r.xrange(keys.latency_samples):
+        sample = msgpack.unpackb(fields[b"l"])
+        times.extend([int(fields[b"t"])] * len(sample))
+        values.extend(sample)
+    return np.asarray(times, dtype=np.int64), np.asarray(values, dtype=np.float64)
+
+
+def outputs_by_key_group(r, keys, max_parallelism: int) -> tuple[np.ndarray, np.ndarray]:
+    """(time ms, key group) of every output record, the time being when the sink committed it."""
+    times, words = [], []
+    for entry_id, fields in r.xrange(keys.output_stream(SINK)):
+        times.append(int(entry_id.split(b"-")[0]))
+        words.append(fields[b"word"].decode())
+    groups = key_groups_of(np.asarray(words, dtype=object), max_parallelism) if words else np.zeros(0, dtype=np.int64)
+    return np.asarray(times, dtype=np.int64), groups
+
+
+def longest_gap_ms(times: np.ndarray, start_ms: float, end_ms: float) -> float:
+    """The longest stretch within [start, end] without an event at `times` (the edges count as events)."""
+    inside = np.sort(times[(times >= start_ms) & (times <= end_ms)]).astype(np.float64)
+    edges = np.concatenate([[start_ms], inside, [end_ms]])
+    return float(np.diff(edges).max())
+
+
+def pause_ms(times: np.ndarray, groups: np.ndarray, kgs: list[int], start_ms: float, end_ms: float) -> float:
+    """The longest stretch without output for any of `kgs` within [start, end]."""
+    return max((longest_gap_ms(times[groups == kg], start_ms, end_ms) for kg in kgs), default=0.0)
+
+
+def per_bin(times: np.ndarray, values: np.ndarray, start_ms: float, end_ms: float) -> list[dict]:
+    """Per 100 ms: latency p50/p99/max of the samples in it and how many there were."""
+    rows = []
+    edges = np.arange(start_ms, end_ms + BIN_MS, BIN_MS)
+    index = np.digitize(times, edges) - 1
+    for i in range(len(edges) - 1):
+        chosen = values[index == i]
+        row = {"t_s": round((edges[i] - start_ms) / 1000, 1), "samples": int(len(chosen))}
+        if len(chosen):
+            p50, p99 = np.percentile(chosen, [50, 99])
+            row.update(p50_ms=float(p50), p99_ms=float(p99), max_ms=float(chosen.max()))
+        rows.append(row)
+    return rows
+
+
+def measure(strategy: str, steps: list[int], steady_s: float, state_mb: float, console: Console) -> dict:
+    job = bench_job(f"bench-rescale-{strategy.replace('_', '-')}")
+    rescaler = Rescaler(strategy, steps, steady_s)
+    with RedisServer() as server:
+        report = run_job(job, None, redis_url=server.url, console=console, during=rescaler, prepare=ballast(state_mb))
+        r = redis.Redis.from_url(server.url)
+        keys = JobKeys(job.metadata.name)
+        lat_t, lat_v = latency_by_time(r, keys)
+        out_t, out_kg = outputs_by_key_group(r, keys, job.spec.max_parallelism)
+        r.close()
+    verification = report.get("verification", {})
+    first_ms = rescaler.rescales[0]["start_ms"]
+    steady_from = max(float(lat_t.min()) if len(lat_t) else first_ms, first_ms - steady_s * 1000 / 2)
+    steady = lat_v[(lat_t >= steady_from) & (lat_t < first_ms)]
+    all_kgs = list(range(job.spec.max_parallelism))
+    result = {
+        "state_mb": state_mb,
+        "steady_p99_ms": float(np.percentile(steady, 99)) if len(steady) else None,
+        "steady_pause_ms": pause_ms(out_t, out_kg, all_kgs, steady_from, first_ms),
+        "lost": verification.get("lost"), "duplicated": verification.get("duplicated"),
+        "correct": verification.get("correct"), "restarts": report["restarts"],
+        "rescales": [],
+    }
+    for done in rescaler.rescales:
+        record, start, end = done["record"], done["start_ms"], done["end_ms"]
+        window = (lat_t >= start) & (lat_t <= end + _AFTER_S * 1000)
+        chosen = lat_v[window]
+        result["rescales"].append({
+            "from": record["from"], "to": record["to"],
+            "max_latency_ms": float(chosen.max()) if len(chosen) else None,
+            "p99_latency_ms": float(np.percentile(chosen, 99)) if len(chosen) else None,
+            "pause_ms": pause_ms(out_t, out_kg, done["moved"], start - 1000, end + _AFTER_S * 1000),
+            "rescale_s": record["rescale_s"], "handover_ms": record["pause_ms"],
+            "moved_key_groups": len(done["moved"]), "bytes_moved": done["bytes_moved"],
+            "start_s": round((start - steady_from) / 1000, 1), "end_s": round((end - steady_from) / 1000, 1),
+        })
+    end_ms = rescaler.rescales[-1]["end_ms"] + _AFTER_S * 1000
+    result["timeline"] = per_bin(lat_t, lat_v, steady_from, end_ms)
+    result["output_per_100ms"] = np.histogram(out_t, bins=np.arange(steady_from, end_ms + BIN_MS, BIN_MS))[0].tolist()
+    return result
+
+
+def summary(measured: dict) -> dict:
+    """The issue's per-strategy figures: the worse of scale-out and scale-in."""
+    rows = measured["rescales"]
+
+    def worst(key: str):
+        values = [row[key] for row in rows if row[key] is not None]
+        return max(values) if values else None
+
+    return {key: worst(key) for key in ("max_latency_ms", "p99_latency_ms", "pause_ms", "rescale_s", "handover_ms",
+                                         "bytes_moved")} | {"lost": measured["lost"],
+                                                            "duplicated": measured["duplicated"],
+                                                            "correct": measured["correct"]}
+
+
+def run(quick: bool, state_mb: float | None = None, png: str | None = None) -> dict:
+    console = Console(force_terminal=False, quiet=True)
+    steady_s = 20.0 if quick else 40.0
+    small = 10.0
+    large = state_mb if state_mb is not None else (200.0 if quick else 500.0)
+    runs = {strategy: measure(strategy, [4, 2], steady_s, small, console) for strategy in MEASURED}
+    grown = measure("all_at_once", [4], steady_s, large, console)
+    at_small = runs["all_at_once"]["rescales"][0]["handover_ms"]
+    at_large = grown["rescales"][0]["handover_ms"]
+    result = {
+        "rate_records_per_s": RATE,
+        "steady_p99_ms": runs["all_at_once"]["steady_p99_ms"],
+        "strategies": {strategy: summary(measured) for strategy, measured in runs.items()},
+        "not_built": list(NOT_BUILT),
+        "handover_growth": round(at_large / at_small, 3) if at_small else None,
+        "handover_growth_states_mb": [small, large],
+        "runs": {**runs, "all_at_once_large_state": grown},
+    }
+    if png:
+        plot(result["runs"], png)
+        result["png"] = png
+    return result
+
+
+def plot(runs: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, len(runs), figsize=(6 * len(runs), 7), squeeze=False, sharey="row")
+    for col, (name, measured) in enumerate(runs.items()):
+        rows = measured["timeline"]
+        t = [row["t_s"] for row in rows]
+        for key, style in (("p50_ms", "-"), ("p99_ms", "--"), ("max_ms", ":")):
+            axes[0][col].plot(t, [row.get(key) for row in rows], style, label=key[:-3])
+        out = measured["output_per_100ms"]
+        axes[1][col].plot([i * BIN_MS / 1000 for i in range(len(out))], out, label="output records / 100 ms")
+        for rescale in measured["rescales"]:
+            for ax in (axes[0][col], axes[1][col]):
+                ax.axvspan(rescale["start_s"], rescale["end_s"], alpha=0.15)
+        axes[0][col].set_title(f"{name} ({measured['state_mb']:.0f} MB state)")
+        axes[0][col].set_yscale("log")
+        axes[0][col].set_ylabel("e2e latency (ms)")
+        axes[1][col].set_ylabel("records")
+        axes[1][col].set_xlabel("s (shaded: rescale in progress)")
+        for ax in (axes[0][col], axes[1][col]):
+            ax.legend(fontsize="small")
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=80)
