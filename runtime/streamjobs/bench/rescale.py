@@ -246,8 +246,10 @@ def plot(runs: dict, path: str) -> None:
     for col, (name, measured) in enumerate(runs.items()):
         rows = measured["timeline"]
         t = [row["t_s"] for row in rows]
-        for key, style in (("p50_ms", "-"), ("p99_ms", "--"), ("max_ms", ":")):
-            axes[0][col].plot(t, [row.get(key) for row in rows], style, label=key[:-3])
+        for key, marker in (("p50_ms", "."), ("p99_ms", "x"), ("max_ms", "+")):
+            # Window results reach the sink once per window: most 100 ms bins hold no sample.
+            shown = [(x, row[key]) for x, row in zip(t, rows) if key in row]
+            axes[0][col].plot([x for x, _ in shown], [y for _, y in shown], marker, linestyle="none", label=key[:-3])
         out = measured["output_per_100ms"]
         axes[1][col].plot([i * BIN_MS / 1000 for i in range(len(out))], out, label="output records / 100 ms")
         for rescale in measured["rescales"]:
