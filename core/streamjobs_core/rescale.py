@@ -25,6 +25,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from .keygroups import Assignment, moves
+from .layout import JobKeys
 from .plan import JobPlan, read_assignment, write_assignment
 
 STRATEGIES = ("all_at_once", "restart")
@@ -51,6 +52,21 @@ class Fleet(Protocol):
 
     def start_job(self, parallelism: dict[str, int]) -> None:
         """Start every operator with this parallelism and wait until it processes."""
+
+
+def progress(r, keys: JobKeys) -> dict | None:
+    """The rescale in progress, and in PRESTAGE how far its standbys are: how many are ready and the
+    most changelog entries one of them applied in its last catch-up round."""
+    raw = r.get(keys.rescale_current)
+    if raw is None:
+        return None
+    state = json.loads(raw)
+    if state["phase"] != PRESTAGE:
+        return state
+    op, epoch = state["operator"], state["epoch"]
+    ready = sum(int(e) == epoch for e in r.hvals(keys.standby(op)))
+    lag = [int(n) for n in r.hvals(keys.standby_lag(op))]
+    return {**state, "standbys_ready": ready, "standby_lag": max(lag, default=None)}
 
 
 class RescaleError(RuntimeError):

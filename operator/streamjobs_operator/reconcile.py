@@ -17,7 +17,7 @@ from typing import Any
 from streamjobs_core.layout import JobKeys
 from streamjobs_core.loading import SpecError, parse_job
 from streamjobs_core.plan import JobPlan
-from streamjobs_core.rescale import RescaleController
+from streamjobs_core.rescale import RescaleController, progress
 from streamjobs_core.spec import StreamJob
 
 from . import resources, status, store
@@ -250,11 +250,11 @@ def refresh_status(ctx: JobContext, last_flow: tuple[float, int] | None = None) 
     with ctx.redis() as r:
         plan = store.read_plan(r, ctx.owner.name)
         assigned = store.assignments(r, plan) if plan else {}
-        progress = RescaleController(r, plan, fleet).current() if plan else None
+        in_progress = progress(r, plan.keys) if plan else None
         if plan:
             emitted, lag = store.flow(r, plan)
             reading = (time.monotonic(), emitted)
-    ctx.status.rescale(progress)
+    ctx.status.rescale(in_progress)
     if reading is not None:
         ctx.status.flow(status.input_rate(last_flow, reading), lag)
     desired = {op.name: op.parallelism for op in ctx.job.spec.operators}

@@ -56,6 +56,7 @@ def _running_job(args):
 
 def _status(args) -> int:
     from streamjobs_core.plan import read_assignment
+    from streamjobs_core.rescale import progress
 
     found = _running_job(args)
     if found is None:
@@ -67,9 +68,9 @@ def _status(args) -> int:
         out[op.name] = {"parallelism": assignment.parallelism, "epoch": assignment.epoch} if assignment else None
     pending = [json.loads(x) for x in r.lrange(keys.rescale_requests, 0, -1)]
     history = [json.loads(x) for x in r.lrange(keys.rescale_history, 0, -1)]
-    current = r.get(keys.rescale_current)
+    current = progress(r, keys)
     decisions = [json.loads(x) for x in r.lrange(keys.autoscaler_decisions, -5, -1)]
-    print(json.dumps({"job": args.job, "operators": out, "rescale_in_progress": json.loads(current) if current else None,
+    print(json.dumps({"job": args.job, "operators": out, "rescale_in_progress": current,
                       "rescales_pending": pending, "rescales": history,
                       "autoscaler": {"policy": plan.spec.autoscaler.policy, "last_decisions": decisions}}, indent=2))
     return 0

@@ -7,7 +7,7 @@ import json
 import pytest
 from streamjobs_core.loading import parse_job
 from streamjobs_core.plan import JobPlan, read_assignment, write_assignment
-from streamjobs_core.rescale import HANDOVER, PRESTAGE, RescaleController, RescaleError
+from streamjobs_core.rescale import HANDOVER, PRESTAGE, RescaleController, RescaleError, progress
 
 JOB = {
     "apiVersion": "streamjobs.dev/v1alpha1", "kind": "StreamJob", "metadata": {"name": "ctl"},
@@ -87,6 +87,7 @@ def test_handover_waits_until_the_standbys_prestaged_state_is_nearly_current(r, 
         r.hset(keys.standby_lag(op), "1", next(rounds))
 
     def sleep(_):
+        seen.setdefault("progress", progress(r, keys))
         r.hset(keys.standby_lag("agg"), "1", next(rounds, 40))
 
     def stop_old(op, epoch):
@@ -95,6 +96,8 @@ def test_handover_waits_until_the_standbys_prestaged_state_is_nearly_current(r, 
 
     fleet.start_standbys, fleet.stop_old = start_standbys, stop_old
     RescaleController(r, plan, fleet, sleep=sleep).rescale("agg", 4, "all_at_once")
+    shown = seen["progress"]  # what `streamjobs status` and the StreamJob's status show meanwhile
+    assert (shown["phase"], shown["standbys_ready"], shown["standby_lag"]) == (PRESTAGE, 4, 5000)
     assert seen["upcoming"] == read_assignment(r, keys, "agg")  # what the standbys prestaged is what switched
     assert seen["lag_seen_by_stop"] <= plan.spec.rescale.prestage_max_lag
     assert not r.exists(keys.next_assignment("agg"), keys.standby_lag("agg"), keys.standby("agg"))
@@ -156,3 +159,18 @@ def test_bad_requests_change_nothing(r, plan):
     with pytest.raises(RescaleError, match=">= 1"):
         controller.rescale("agg", 0)
     assert controller.current() is None and read_assignment(r, plan.keys, "agg").epoch == 1
+
+
+def test_status_command_shows_the_rescale_in_progress_and_its_standbys(r, plan, redis_server, capsys):
+    from streamjobs.cli import main
+
+    r.set(plan.keys.plan, plan.to_json())
+    state = {"operator": "agg", "from": 2, "to": 3, "strategy": "all_at_once", "epoch": 2, "phase": PRESTAGE}
+    r.set(plan.keys.rescale_current, json.dumps(state))
+    r.hset(plan.keys.standby("agg"), mapping={"0": 2, "1": 2})
+    r.hset(plan.keys.standby_lag("agg"), mapping={"0": 12, "1": 340})
+    assert main(["status", "--job", "ctl", "--redis-url", redis_server.url]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["operators"]["agg"] == {"parallelism": 2, "epoch": 1}
+    assert shown["rescale_in_progress"] == {**state, "standbys_ready": 2, "standby_lag": 340}
+
