@@ -16,10 +16,10 @@ from streamjobs_worker.state import KeyGroupStore
 MAX_P = 12
 
 
-def stage(window: dict, lateness: int = 0) -> WindowAggregateStage:
+def stage(window: dict, lateness: int = 0, where: str | None = None) -> WindowAggregateStage:
     return WindowAggregateStage.model_validate({
         "name": "agg", "type": "window_aggregate", "inputs": ["src"], "keyBy": "k", "window": window,
-        "allowedLatenessMs": lateness,
+        "allowedLatenessMs": lateness, "where": where,
         "aggregations": [{"function": "count", "as": "n"}, {"function": "sum", "column": "v", "as": "total"},
                          {"function": "avg", "column": "v", "as": "mean"}, {"function": "min", "column": "v", "as": "lo"},
                          {"function": "max", "column": "v", "as": "hi"}],
@@ -85,6 +85,20 @@ def test_late_records_are_dropped_and_counted_lateness_delays_firing(spark):
     assert out is None
     out, _ = logic.process(InputBatch(), MAX_WATERMARK)
     assert rows(out) == {("b", 1000): (1, 1, 1.0, 1, 1)}
+
+
+def test_late_records_of_sliding_windows_are_counted_once_and_only_when_the_filter_keeps_them(spark):
+    spec = stage({"type": "sliding", "sizeMs": 1000, "slideMs": 250}, where="v > 0")
+    logic = WindowAggregate(spec, KeyGroupStore(range(MAX_P)), MAX_P)
+    logic.process(batch(["a"], [1], [3000]), 2500)
+    # At watermark 2500 every window of t=100 and t=1400 has fired (last ends 1250 / 2500); t=1600's last
+    # window [1500, 2500) too; t=2000's last window [2000, 3000) has not. v=0 is filtered out: never late.
+    out, _ = logic.process(batch(["a", "a", "a", "a", "b"], [1, 2, 3, 4, 0], [100, 1400, 1600, 2000, 100]), 2500)
+    assert logic.late_records == 3
+    out, _ = logic.process(InputBatch(), MAX_WATERMARK)
+    counts = {ws: n for (k, ws), (n, *_rest) in rows(out).items() if k == "a"}
+    # t=2000's windows [1750, 2750) and [2000, 3000) count it; its fired ones [1250, 2250), [1500, 2500) do not.
+    assert (counts[1750], counts[2000], 1500 in counts) == (1, 1, False)
 
 
 def test_restore_rebuilds_timers_from_state(spark):

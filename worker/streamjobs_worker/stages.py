@@ -14,7 +14,6 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from streamjobs_core.generators import MAX_WATERMARK
@@ -91,7 +90,8 @@ _PARTIALS = {"count": ("count(*)",), "sum": ("sum({c})",), "avg": ("sum({c})", "
 
 
 def partial_sql(spec: WindowAggregateStage, late_before: int) -> str:
-    """Per (key, window start) partial aggregates of the batch, skipping windows already fired."""
+    """Per (key, window start) partial aggregates of the batch, and per group how many of its rows come
+    from late records: records whose last window has fired already (with `late_before`)."""
     size, step = spec.window.size_ms, spec.window.step_ms
     last = f"(event_time - pmod(event_time, {step}))"
     if size == step:  # tumbling: one window per record, no explode
@@ -103,11 +103,8 @@ def partial_sql(spec: WindowAggregateStage, late_before: int) -> str:
         for i, agg in enumerate(spec.aggregations)
         for j, expr in enumerate(_PARTIALS[agg.function])
     ]
-    return (
-        f"SELECT `{spec.key_by}` AS k, ws, {', '.join(parts)} "
-        f"FROM {source} "
-        f"WHERE ws + {size + spec.allowed_lateness_ms} > {late_before} GROUP BY `{spec.key_by}`, ws"
-    )
+    late = f"sum(CASE WHEN {last} + {size + spec.allowed_lateness_ms} <= {late_before} THEN 1 ELSE 0 END) AS _late"
+    return f"SELECT `{spec.key_by}` AS k, ws, {', '.join(parts)}, {late} FROM {source} GROUP BY `{spec.key_by}`, ws"
 
 
 def merge_partials(function: str, old: tuple, new: tuple) -> tuple:
@@ -156,21 +153,20 @@ class WindowAggregate(_SparkStage):
 
     def _add(self, batch) -> None:
         self._register_inputs(batch)
-        if self._watermark > -(2**63):
-            # A record is late when even its last window has fired already.
-            times = np.concatenate([batch.table(u).column("event_time").to_numpy() for u in self.spec.inputs
-                                    if batch.table(u) is not None])
-            step = self.spec.window.step_ms
-            last_end = times - np.mod(times, step) + self.spec.window.size_ms
-            self.late_records += int(np.count_nonzero(last_end + self.spec.allowed_lateness_ms <= self._watermark))
         partials = self.spark.sql(partial_sql(self.spec, self._watermark)).toArrow()
         if not partials.num_rows:
             return
+        # A late record is in every window it explodes into; all of them have fired (the query counts
+        # rows after the stage's `where`, so filtered records are never late).
+        size, step = self.spec.window.size_ms, self.spec.window.step_ms
+        self.late_records += sum(partials.column("_late").to_pylist()) // (size // step)
         keys = partials.column("k").to_pylist()
         starts = partials.column("ws").to_pylist()
-        columns = [c.to_pylist() for c in partials.columns[2:]]
+        columns = [c.to_pylist() for c in partials.columns[2:-1]]
         kgs = key_groups_of(partials.column("k"), self._max_parallelism).tolist()
         for row, (kg, key, ws) in enumerate(zip(kgs, keys, starts)):
+            if ws + self._horizon <= self._watermark:
+                continue  # that window fired: what is left of late records is dropped
             values = [col[row] for col in columns]
             state_key = (key, ws)
             old = self.store.get(kg, state_key)
