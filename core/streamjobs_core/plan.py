@@ -59,6 +59,16 @@ class JobPlan:
         return cls(StreamJob.model_validate(data["job"]), int(data["t0_ms"]))
 
 
+def edge_totals(r, keys: JobKeys, edges) -> list[tuple[int, int]]:
+    """(records produced into, records consumed from) each edge, summed over its key groups."""
+    pipe = r.pipeline(transaction=False)
+    for edge in edges:
+        pipe.hvals(keys.produced(edge.upstream, edge.downstream))
+        pipe.hvals(keys.consumed(edge.upstream, edge.downstream))
+    totals = [sum(int(v) for v in values) for values in pipe.execute()]
+    return list(zip(totals[::2], totals[1::2]))
+
+
 def write_assignment(r, keys: JobKeys, op: str, assignment: Assignment, *, upcoming: bool = False) -> None:
     """The assignment in force, or (`upcoming`) the one a rescale in PRESTAGE will switch to."""
     key = keys.next_assignment(op) if upcoming else keys.assignment(op)

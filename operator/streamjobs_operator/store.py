@@ -7,7 +7,7 @@ from urllib.parse import quote
 
 from streamjobs_core.connect import connect
 from streamjobs_core.layout import JobKeys
-from streamjobs_core.plan import JobPlan, read_assignment, write_assignment
+from streamjobs_core.plan import JobPlan, edge_totals, read_assignment, write_assignment
 from streamjobs_core.spec import StreamJob
 
 from .config import Settings
@@ -96,15 +96,10 @@ def flow(r, plan: JobPlan) -> tuple[int, int]:
     """(records the sources have emitted, records between operators not consumed yet), from the
     exchange's counters: the input rate and lag `kubectl get sj` shows."""
     edges = [edge for op in plan.spec.operators for edge in plan.edges_out(op.name)]
-    pipe = r.pipeline(transaction=False)
-    for edge in edges:
-        pipe.hvals(plan.keys.produced(edge.upstream, edge.downstream))
-        pipe.hvals(plan.keys.consumed(edge.upstream, edge.downstream))
-    totals = [sum(int(v) for v in values) for values in pipe.execute()]
-    produced = dict(zip(edges, totals[::2]))
+    totals = dict(zip(edges, edge_totals(r, plan.keys, edges)))
     # A source's records go once to each consumer: count them on its first edge.
-    emitted = sum(produced[plan.edges_out(s.name)[0]] for s in plan.spec.sources if plan.edges_out(s.name))
-    return emitted, sum(p - c for p, c in zip(totals[::2], totals[1::2]))
+    emitted = sum(totals[plan.edges_out(s.name)[0]][0] for s in plan.spec.sources if plan.edges_out(s.name))
+    return emitted, sum(produced - consumed for produced, consumed in totals.values())
 
 
 def clear(r, keys: JobKeys) -> int:

@@ -18,7 +18,7 @@ import msgpack
 import redis
 from streamjobs_core.generators import MAX_WATERMARK
 from streamjobs_core.keygroups import runs
-from streamjobs_core.plan import JobPlan, read_assignment
+from streamjobs_core.plan import JobPlan, edge_totals, read_assignment
 
 from . import recovery
 from .inputs import InputBatch, InputReader
@@ -170,13 +170,8 @@ class Worker:
         now = time.monotonic()
         if now - self._last_backpressure_check >= 0.2:
             self._last_backpressure_check = now
-            keys = self.plan.keys
-            pipe = self.r.pipeline(transaction=False)
-            for edge in self.plan.edges_out(self.op):
-                pipe.hvals(keys.produced(edge.upstream, edge.downstream))
-                pipe.hvals(keys.consumed(edge.upstream, edge.downstream))
-            totals = [sum(int(v) for v in values) for values in pipe.execute()]
-            lag = max(produced - consumed for produced, consumed in zip(totals[::2], totals[1::2]))
+            totals = edge_totals(self.r, self.plan.keys, self.plan.edges_out(self.op))
+            lag = max(produced - consumed for produced, consumed in totals)
             self._over_bound = lag > self.plan.spec.batching.max_lag_records
         return self._over_bound
 
