@@ -246,12 +246,12 @@ def refresh_status(ctx: JobContext, last_flow: tuple[float, int] | None = None) 
     for sts in fleet.statefulsets():
         op = sts["metadata"]["labels"].get(resources.LABEL_OPERATOR)
         ready[op] = ready.get(op, 0) + int((sts.get("status") or {}).get("readyReplicas") or 0)
-    reading = None
+    assigned, in_progress, reading = {}, None, None
     with ctx.redis() as r:
         plan = store.read_plan(r, ctx.owner.name)
-        assigned = store.assignments(r, plan) if plan else {}
-        in_progress = progress(r, plan.keys) if plan else None
-        if plan:
+        if plan is not None:
+            assigned = store.assignments(r, plan)
+            in_progress = progress(r, plan.keys)
             emitted, lag = store.flow(r, plan)
             reading = (time.monotonic(), emitted)
     ctx.status.rescale(in_progress)
