@@ -3,6 +3,10 @@
 An entry has two fields: `m`, a msgpack header [records, watermark, runs], and
 `d`, the records as one Arrow IPC stream (absent in a heartbeat). `runs` are the
 producer's key groups (inclusive ranges) that the watermark speaks for.
+
+A handover marker (Chi's control event) has one field, `h`: the instance that
+owns the stream's key group after it. The rescale controller writes it; what
+precedes it in the stream belongs to the old owner, what follows to the new one.
 """
 
 from __future__ import annotations
@@ -23,6 +27,11 @@ class Entry:
     watermark: int
     runs: tuple[tuple[int, int], ...]
     table: pa.Table | None
+    marker: int | None = None  # a handover marker's new owner; such an entry has no records
+
+
+def encode_marker(target: int) -> dict[bytes, bytes]:
+    return {b"h": msgpack.packb(target)}
 
 
 def encode(table: pa.Table | None, watermark: int, runs: list[tuple[int, int]]) -> dict[bytes, bytes]:
@@ -34,6 +43,11 @@ def encode(table: pa.Table | None, watermark: int, runs: list[tuple[int, int]]) 
 
 def decode(fields: dict[bytes, bytes]) -> Entry:
     try:
+        if b"h" in fields:
+            target = msgpack.unpackb(fields[b"h"])
+            if not isinstance(target, int) or target < 0:
+                raise DecodeError(f"a handover marker names an instance, not {target!r}")
+            return Entry(0, 0, (), None, target)
         records, watermark, runs = msgpack.unpackb(fields[b"m"], use_list=False)
         table = decode_table(fields[b"d"]) if b"d" in fields else None
         if not (isinstance(records, int) and isinstance(watermark, int)):

@@ -52,6 +52,19 @@ class JobKeys:
         """Per standby instance: changelog entries it applied in its last catch-up round."""
         return f"{self.prefix}:standby-lag:{op}"
 
+    def owners(self, op: str) -> str:
+        """Per key group moved by a fluid or batched rescale in progress: its owner instance now (written in
+        the old owner's releasing commit; the assignment in force says who owns the others)."""
+        return f"{self.prefix}:owners:{op}"
+
+    def releases(self, op: str) -> str:
+        """Per source partition to move: the instance to release it to (sources have no stream to mark)."""
+        return f"{self.prefix}:release:{op}"
+
+    def acquired(self, op: str) -> str:
+        """Per moved key group: the instance that took it over (the controller paces its steps on it)."""
+        return f"{self.prefix}:acquired:{op}"
+
     @property
     def rescale_requests(self) -> str:
         return f"{self.prefix}:rescale:requests"

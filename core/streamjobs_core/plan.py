@@ -69,10 +69,18 @@ def edge_totals(r, keys: JobKeys, edges) -> list[tuple[int, int]]:
     return list(zip(totals[::2], totals[1::2]))
 
 
-def write_assignment(r, keys: JobKeys, op: str, assignment: Assignment, *, upcoming: bool = False) -> None:
-    """The assignment in force, or (`upcoming`) the one a rescale in PRESTAGE will switch to."""
+def write_assignment(
+    r, keys: JobKeys, op: str, assignment: Assignment, *, upcoming: bool = False, generation: int | None = None
+) -> None:
+    """The assignment in force, or (`upcoming`) the one a rescale in PRESTAGE will switch to.
+
+    Commits are fenced by the `generation` (default: the epoch): a rescale that takes key groups away
+    from running instances starts one, a fluid or batched rescale, whose instances give them up
+    themselves, keeps it.
+    """
     key = keys.next_assignment(op) if upcoming else keys.assignment(op)
-    r.hset(key, mapping={"epoch": assignment.epoch, "owners": json.dumps(list(assignment.owners))})
+    r.hset(key, mapping={"epoch": assignment.epoch, "owners": json.dumps(list(assignment.owners)),
+                         "generation": assignment.epoch if generation is None else generation})
 
 
 def read_assignment(r, keys: JobKeys, op: str, *, upcoming: bool = False) -> Assignment | None:

@@ -1,7 +1,8 @@
 """The rescale controller: one operator's parallelism changes while the job runs.
 
 A rescale is a state machine persisted in Redis (`rescale:current`), so a
-controller that restarts anywhere finds where the last one stopped:
+controller that restarts anywhere finds where the last one stopped. With
+`all_at_once`:
 
     PRESTAGE  the upcoming assignment is published and the new instances start
               as standbys for its epoch: SparkSession warm, the state of their
@@ -11,10 +12,21 @@ controller that restarts anywhere finds where the last one stopped:
               is written, the standbys see the epoch and take their key groups;
     RETIRE    what belonged to the old epoch is deleted; the record moves to history.
 
-`resume()` rolls a rescale back while it is in PRESTAGE (nothing has moved:
-the standbys are discarded) and finishes it from HANDOVER on (the old owners
-may already be gone). The controller never touches processes or pods itself:
-a `Fleet` does, as processes on this machine or StatefulSets on Kubernetes.
+With `fluid` (one key group per step) and `batched` (spec.rescale.batchKeyGroups
+per step), Megaphone's strategies, no instance stops for the key groups to move:
+
+    PRESTAGE  a scale-out starts the added instances, owning nothing yet;
+    HANDOVER  step by step, markers go into the moved key groups' streams (Chi);
+              each old owner releases a key group at its marker and its new owner
+              takes it over (handover.py); the next step starts when both did.
+              Then the new assignment is written in the same generation;
+    RETIRE    a scale-in stops the instances left with nothing.
+
+`restart` is Flink's stop-and-restart of the whole job. `resume()` rolls a
+rescale back while it is in PRESTAGE (nothing has moved: the instances it
+started are removed) and finishes it from HANDOVER on. The controller never
+touches processes or pods itself: a `Fleet` does, as processes on this machine
+or StatefulSets on Kubernetes.
 """
 
 from __future__ import annotations
@@ -24,11 +36,13 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
+from . import handover
 from .keygroups import Assignment, moves
 from .layout import JobKeys
 from .plan import JobPlan, read_assignment, write_assignment
 
-STRATEGIES = ("all_at_once", "restart")
+STRATEGIES = ("all_at_once", "fluid", "batched", "restart")
+STEPWISE = ("fluid", "batched")
 PRESTAGE, HANDOVER, RETIRE = "PRESTAGE", "HANDOVER", "RETIRE"
 
 
@@ -53,14 +67,24 @@ class Fleet(Protocol):
     def start_job(self, parallelism: dict[str, int]) -> None:
         """Start every operator with this parallelism and wait until it processes."""
 
+    def add_instances(self, op: str, parallelism: int) -> None:
+        """Have instances 0..parallelism-1 of `op` running (the added ones own nothing yet); wait until they
+        process."""
+
+    def remove_instances(self, op: str, parallelism: int) -> None:
+        """Stop the instances of `op` from `parallelism` on (they own nothing any more); return once gone."""
+
 
 def progress(r, keys: JobKeys) -> dict | None:
-    """The rescale in progress, and in PRESTAGE how far its standbys are: how many are ready and the
-    most changelog entries one of them applied in its last catch-up round."""
+    """The rescale in progress: in PRESTAGE how far its standbys are (how many are ready, the most
+    changelog entries one of them applied in its last catch-up round); in a fluid or batched HANDOVER
+    how many key groups moved so far."""
     raw = r.get(keys.rescale_current)
     if raw is None:
         return None
     state = json.loads(raw)
+    if state["phase"] == HANDOVER and state["strategy"] in STEPWISE:
+        return {**state, "key_groups_moved": r.hlen(keys.acquired(state["operator"]))}
     if state["phase"] != PRESTAGE:
         return state
     op, epoch = state["operator"], state["epoch"]
@@ -127,6 +151,8 @@ class RescaleController:
         if state["phase"] == PRESTAGE:
             if state["strategy"] == "all_at_once":
                 self.fleet.discard_standbys(state["operator"], state["epoch"])
+            if state["strategy"] in STEPWISE:
+                self.fleet.remove_instances(state["operator"], state["from"])
             self.r.delete(*self._prestage_keys(state["operator"]), self.keys.rescale_current)
             return {**state, "phase": "ROLLED_BACK"}
         return self._advance(state, self.clock())
@@ -134,6 +160,16 @@ class RescaleController:
     # --- phases ------------------------------------------------------------------
 
     def _advance(self, state: dict, started: float) -> dict:
+        record = (self._stepwise if state["strategy"] in STEPWISE else self._revoking)(state, started)
+        record["rescale_s"] = round(self.clock() - started, 3)
+        pipe = self.r.pipeline()
+        pipe.rpush(self.keys.rescale_history, json.dumps(record))
+        pipe.delete(self.keys.rescale_current)
+        pipe.execute()
+        return record
+
+    def _revoking(self, state: dict, started: float) -> dict:
+        """all_at_once / restart: the old instances stop, then the new assignment takes effect at once."""
         op, n, epoch = state["operator"], state["to"], state["epoch"]
         paused = None
         if state["phase"] == PRESTAGE:
@@ -163,13 +199,44 @@ class RescaleController:
                 self.r.delete(*self._prestage_keys(op))
         done = self.clock()
         record = {k: v for k, v in state.items() if k not in ("phase", "started_at")}
-        record["rescale_s"] = round(done - started, 3)
         record["pause_ms"] = round((done - (paused if paused is not None else started)) * 1000, 1)
-        pipe = self.r.pipeline()
-        pipe.rpush(self.keys.rescale_history, json.dumps(record))
-        pipe.delete(self.keys.rescale_current)
-        pipe.execute()
         return record
+
+    def _stepwise(self, state: dict, started: float) -> dict:
+        """fluid / batched: key groups move a step at a time while every instance keeps running."""
+        op, n, epoch = state["operator"], state["to"], state["epoch"]
+        if state["phase"] == PRESTAGE:
+            self.fleet.add_instances(op, max(n, state["from"]))
+            state = self._save({**state, "phase": HANDOVER})
+        step_ms = []
+        if state["phase"] == HANDOVER:
+            old, new = read_assignment(self.r, self.keys, op), self._assignment(op, n, epoch)
+            if old.epoch < epoch:  # a resumed HANDOVER may have switched already
+                size = 1 if state["strategy"] == "fluid" else self.plan.spec.rescale.batch_key_groups
+                moved = moves(old, new)
+                for step in handover.steps(moved, size):
+                    begun = self.clock()
+                    if not handover.completed(self.r, self.plan, op, step):
+                        handover.start(self.r, self.plan, op, step)
+                        self._wait_step(op, step)
+                    step_ms.append(round((self.clock() - begun) * 1000, 1))
+                handover.finish(self.r, self.plan, op, new)
+                state = {**state, "moved_key_groups": len(moved), "steps": len(step_ms)}
+            state = self._save({**state, "phase": RETIRE})
+        if state["phase"] == RETIRE:
+            self.fleet.remove_instances(op, n)
+        record = {k: v for k, v in state.items() if k not in ("phase", "started_at")}
+        # Nothing stops: the longest wait of a moved key group is about its step's duration.
+        record["pause_ms"] = max(step_ms, default=0.0)
+        return record
+
+    def _wait_step(self, op: str, step) -> None:
+        deadline = self.clock() + self.standby_timeout_s
+        while not handover.completed(self.r, self.plan, op, step):
+            if self.clock() > deadline:
+                raise RescaleError(f"key groups {[m.key_group for m in step]} of '{op}' not handed over after "
+                                   f"{self.standby_timeout_s:.0f} s")
+            self.sleep(0.02)
 
     def _assignment(self, op: str, parallelism: int, epoch: int) -> Assignment:
         key_groups = self.plan.key_groups(op)

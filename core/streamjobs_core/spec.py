@@ -364,11 +364,14 @@ class AutoscalerSettings(_Model):
 
 
 class RescaleSettings(_Model):
-    strategy: Literal["all_at_once", "restart"] = Field(
+    strategy: Literal["all_at_once", "fluid", "batched", "restart"] = Field(
         "all_at_once",
         description="all_at_once: standby instances warm up, then every key group switches at the old owners' "
-        "last commit while the rest of the job runs; restart: Flink's stop-and-restart of the whole job.",
+        "last commit while the rest of the job runs; fluid: key groups move one at a time at in-band markers, "
+        "no instance stops; batched: the same, batchKeyGroups at a time; restart: Flink's stop-and-restart "
+        "of the whole job.",
     )
+    batch_key_groups: int = Field(8, ge=1, description="batched: key groups moved per step.")
     assignment: Literal["ranges", "consistent_hashing"] = Field(
         "ranges", description="Key group -> instance map: Flink's contiguous ranges, or a ring that moves fewer."
     )

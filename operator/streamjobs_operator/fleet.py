@@ -3,7 +3,9 @@
 A rescale of operator OP to epoch E creates StatefulSet `<job>-<op>-e<E>`,
 whose pods start as standbys (`--await-epoch E`); once they are warm, the older
 StatefulSets of OP are scaled to zero (their workers stop after their last
-commit on SIGTERM) and, after the controller wrote assignment E, deleted. The
+commit on SIGTERM) and, after the controller wrote assignment E, deleted. A
+fluid or batched rescale scales OP's current StatefulSet instead: up before
+its key groups move, down after (the pods it removes own nothing then). The
 controller owns the order and the waiting on Redis; every method here is
 idempotent, so a controller that resumes after an operator restart may repeat any.
 """
@@ -64,6 +66,17 @@ class KubernetesFleet:
                 self._scale(current, n)
         self.wait_ready(parallelism)
 
+    def add_instances(self, op: str, parallelism: int) -> None:
+        current = self.current(op)
+        if _replicas(current) < parallelism:
+            self._scale(current, parallelism)
+        self.wait_ready({op: parallelism})
+
+    def remove_instances(self, op: str, parallelism: int) -> None:
+        # A StatefulSet removes its highest ordinals first: the instances a scale-in emptied.
+        self._scale(self.current(op), parallelism)
+        self.wait_gone(op, lambda pod: _ordinal(pod) >= parallelism)
+
     def wait_ready(self, parallelism: dict[str, int]) -> None:
         """Wait until each operator's current StatefulSet reports that many ready pods."""
         deadline = time.monotonic() + self.timeout_s
@@ -117,6 +130,14 @@ class KubernetesFleet:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"pods still running after {self.timeout_s:.0f} s: {', '.join(sorted(left))}")
             time.sleep(self.poll_s)
+
+
+def _replicas(sts: dict) -> int:
+    return int((sts.get("spec") or {}).get("replicas") or 0)
+
+
+def _ordinal(pod: dict) -> int:
+    return int(pod["metadata"]["name"].rsplit("-", 1)[1])
 
 
 def _ready(sts: dict | None) -> int:

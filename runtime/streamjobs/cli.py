@@ -8,6 +8,7 @@ import sys
 
 from streamjobs_core.crd import crd_yaml
 from streamjobs_core.loading import SpecError, load_job
+from streamjobs_core.rescale import STRATEGIES
 
 
 def _validate(args) -> int:
@@ -159,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     rescale.add_argument("--job", required=True)
     rescale.add_argument("--operator", required=True)
     rescale.add_argument("--parallelism", type=int, required=True)
-    rescale.add_argument("--strategy", choices=["all_at_once", "restart"], default=None,
+    rescale.add_argument("--strategy", choices=STRATEGIES, default=None,
                          help="default: the job's spec.rescale.strategy")
     rescale.add_argument("--redis-url", required=True, help="as printed by `streamjobs run`")
     rescale.add_argument("--wait", type=float, default=180.0, help="seconds to wait for the rescale to finish")

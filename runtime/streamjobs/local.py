@@ -191,6 +191,15 @@ class LocalRuntime:
             process.kill()
             process.wait()
 
+    def add_instances(self, op: str, parallelism: int) -> None:
+        for i in range(parallelism):
+            if (op, i) not in self.instances:
+                self._spawn(op, i)
+        self.wait_ready([(op, i) for i in range(parallelism)], self.ready_timeout_s)
+
+    def remove_instances(self, op: str, parallelism: int) -> None:
+        self._stop([k for k in self.instances if k[0] == op and k[1] >= parallelism])
+
     def stop_job(self) -> None:
         self._stop(list(self.instances))
 

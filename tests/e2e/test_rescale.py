@@ -9,6 +9,8 @@ import sys
 import threading
 import time
 
+import redis
+
 from .conftest import ROOT, assert_exact, killer
 
 
@@ -64,33 +66,53 @@ def test_a_stateful_stage_survives_sigkills_then_a_cli_restart_rescale(redis_ser
     assert refused.returncode == 2 and "--operator: no operator 'nope'" in refused.stderr
 
 
-def test_kills_of_a_standby_in_prestage_and_of_a_new_owner_after_handover_lose_nothing(run):
-    """SIGKILL a warming-up standby (the runtime restarts it inside the rescale) and, right after the
-    handover, the new owner of the first key groups (it restores from the committed state)."""
+def test_all_at_once_fluid_and_batched_rescales_lose_nothing_through_sigkills(redis_server, run):
+    """One job, three live rescales, four SIGKILLs:
+    - all_at_once 2 -> 3 of a window stage: a standby killed while it warms up (the runtime restarts it
+      inside the rescale), the new owner of the first key groups killed right after the handover;
+    - fluid 3 -> 2 (a key group per step, markers in its streams): the old owner killed once the first
+      marker is in (it finds the marker again after its restart), a new owner killed after taking over;
+    - batched 1 -> 3 of the source (partitions released at a commit, 8 per step)."""
+    r = redis.Redis.from_url(redis_server.url)
+    keys = "sj:{wordcount-small}"
     killed: list[str] = []
-    during = rescaler([(5, "count", 3, "all_at_once")], settle_s=10)
+    during = rescaler([(5, "count", 3, "all_at_once"), (2, "count", 2, "fluid"), (2, "words", 3, "batched")],
+                      settle_s=6)
 
-    def kill_a_standby(runtime) -> None:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and not killed:
+    def marker_in(stream: str) -> bool:
+        return any(b"h" in fields for _, fields in r.xrange(stream))
+
+    def kill_beside_the_rescales(runtime) -> None:  # a rescale blocks the runtime's loop
+        deadline = time.monotonic() + 400
+        while time.monotonic() < deadline and len(killed) < 4:
             standby = runtime.standbys.get(("count", 1))
-            if standby is not None and standby.process.poll() is None:
+            if not killed and standby is not None and standby.process.poll() is None:
                 time.sleep(1.0)  # mid warm-up
                 standby.process.send_signal(signal.SIGKILL)
                 killed.append("standby count/1")
-            time.sleep(0.05)
+            elif len(killed) == 2 and marker_in(f"{keys}:kg:words>count:4"):
+                runtime.kill("count", 1)
+                killed.append("old owner count/1")
+            elif len(killed) == 3 and r.hlen(f"{keys}:acquired:count") >= 2:
+                runtime.kill("count", 0)
+                killed.append("new owner count/0")
+            time.sleep(0.01)
 
     def chaos(runtime, elapsed: float) -> None:
         if not hasattr(chaos, "thread"):
-            chaos.thread = threading.Thread(target=kill_a_standby, args=(runtime,), daemon=True)
+            chaos.thread = threading.Thread(target=kill_beside_the_rescales, args=(runtime,), daemon=True)
             chaos.thread.start()
-        if during.records and len(killed) == 1:
+        if len(during.records) == 1 and len(killed) == 1:
             runtime.kill("count", 0)
             killed.append("new owner count/0")
         during(runtime, elapsed)
 
-    report = run("examples/wordcount.yaml", 600, during=chaos)
-    assert killed == ["standby count/1", "new owner count/0"]
-    assert [(r["from"], r["to"]) for r in report["rescales"]] == [(2, 3)]
-    assert report["restarts"] >= 2
+    report = run("tests/jobs/wordcount-small.yaml", 900, during=chaos)
+    assert killed == ["standby count/1", "new owner count/0", "old owner count/1", "new owner count/0"]
+    records = report["rescales"]
+    assert [(x["operator"], x["from"], x["to"], x["strategy"]) for x in records] == [
+        ("count", 2, 3, "all_at_once"), ("count", 3, 2, "fluid"), ("words", 1, 3, "batched")]
+    assert records[1]["moved_key_groups"] == records[1]["steps"] == 6
+    assert records[2]["moved_key_groups"] == 8 and records[2]["steps"] == 1
+    assert report["restarts"] >= 4
     assert_exact(report)

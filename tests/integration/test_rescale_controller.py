@@ -5,20 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from streamjobs_core.loading import parse_job
-from streamjobs_core.plan import JobPlan, read_assignment, write_assignment
+from streamjobs_core.plan import JobPlan, read_assignment
 from streamjobs_core.rescale import HANDOVER, PRESTAGE, RescaleController, RescaleError, progress
-
-JOB = {
-    "apiVersion": "streamjobs.dev/v1alpha1", "kind": "StreamJob", "metadata": {"name": "ctl"},
-    "spec": {
-        "maxParallelism": 12,
-        "sources": [{"name": "src", "type": "zipf"}],
-        "stages": [{"name": "agg", "type": "window_aggregate", "inputs": ["src"], "keyBy": "word", "parallelism": 2,
-                    "window": {"type": "tumbling", "sizeMs": 1000}, "aggregations": [{"function": "count", "as": "n"}]}],
-        "sinks": [{"name": "out", "type": "redis_stream", "inputs": ["agg"]}],
-    },
-}
 
 
 class RecordingFleet:
@@ -53,14 +41,6 @@ class RecordingFleet:
 
     def start_job(self, parallelism):
         self._call("start_job", parallelism)
-
-
-@pytest.fixture
-def plan(r):
-    plan = JobPlan(parse_job(JOB), 0)
-    for op in plan.spec.operators:
-        write_assignment(r, plan.keys, op.name, plan.initial_assignment(op.name))
-    return plan
 
 
 def test_all_at_once_goes_prestage_handover_retire_and_records_history(r, plan):

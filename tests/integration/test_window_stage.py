@@ -8,6 +8,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from streamjobs_core.generators import MAX_WATERMARK
+from streamjobs_core.keygroups import key_groups_of
 from streamjobs_core.spec import WindowAggregateStage
 from streamjobs_worker.inputs import InputBatch
 from streamjobs_worker.stages import WindowAggregate
@@ -113,3 +114,36 @@ def test_restore_rebuilds_timers_from_state(spark):
     second.restore()
     out, _ = second.process(InputBatch(), 1000)
     assert rows(out) == {("x", 0): (1, 1, 1.0, 1, 1), ("y", 0): (1, 2, 2.0, 2, 2)}
+
+
+def test_a_key_group_taken_over_behind_the_others_fires_and_drops_by_its_own_watermark(spark):
+    """After a handover the new owner's other key groups may be far ahead: the acquired key group's
+    records are not late and its windows fire only when its own streams' watermark passes them."""
+    spec = stage({"type": "tumbling", "sizeMs": 1000})
+    ahead, behind = (int(g) for g in key_groups_of(pa.array(["a", "b"]), MAX_P))
+    store = KeyGroupStore([ahead])
+    logic = WindowAggregate(spec, store, MAX_P)
+    logic.restore()
+    first = batch(["a"], [1], [4500])
+    first.watermarks = {ahead: 5000}
+    out, _ = logic.process(first, 5000)
+    assert rows(out) == {("a", 4000): (1, 1, 1.0, 1, 1)}
+
+    store.load(behind, [(("b", 1000), (1, 7, 7, 1, 7, 7))])  # its state as the old owner left it
+    logic.acquire(behind)
+    lagging = batch(["b", "b"], [2, 3], [1500, 2100])
+    lagging.watermarks = {ahead: 5000, behind: 1900}
+    out, _ = logic.process(lagging, 1900)
+    assert logic.late_records == 0
+    assert out is None  # its windows end at 2000 and 3000, past its watermark 1900: not yet
+    caught_up = InputBatch(watermarks={ahead: 5000, behind: 3000})
+    out, _ = logic.process(caught_up, 3000)
+    assert rows(out) == {("b", 1000): (2, 9, 4.5, 2, 7), ("b", 2000): (1, 3, 3.0, 3, 3)}
+
+    store.drain_changes()  # the release commit carries them
+    logic.release(behind)
+    store.release(behind)
+    late = batch(["a"], [9], [4200])
+    late.watermarks = {ahead: 5000}
+    logic.process(late, 5000)
+    assert logic.late_records == 1  # the key group that stayed keeps its own watermark

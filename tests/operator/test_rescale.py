@@ -83,3 +83,34 @@ def test_parallelism_edit_rescales_live_with_exact_output(emulator, kube, kubele
     assert sorted((r["from"], r["to"]) for r in rescaled) == [(1, 3), (3, 2)]
 
     assert_exact_after_stop(redis_client, "elastic", sink_instances=2, at_least=1000)
+
+
+def test_a_fluid_rescale_scales_the_statefulset_and_moves_key_groups_while_every_pod_runs(
+        emulator, kube, kubelet, redis_client, job):
+    """spec.rescale.strategy fluid: no standby StatefulSet; the current one gains pods that take key groups
+    over one per step at markers, and on the way back loses the pods it emptied."""
+    doc = wordcopy("fluid", sink_parallelism=1, rescale={"strategy": "fluid"})
+    job(doc)
+    keys = JobKeys("fluid")
+    out = keys.output_stream("copies")
+    eventually(lambda: redis_client.xlen(out) > 0, 90, "sink output")
+
+    def assigned(n: int, epoch: int) -> bool:
+        a = read_assignment(redis_client, keys, "copies")
+        return a.epoch == epoch and a.parallelism == n
+
+    _set_sink_parallelism(kube, doc, 3)
+    eventually(lambda: assigned(3, 2), 120, "copies at 3 instances, epoch 2")
+    last = eventually(lambda: get(kube, "fluid")["status"].get("lastRescale"), 30, "the rescale's record")
+    assert (last["strategy"], last["moved_key_groups"], last["steps"]) == ("fluid", 8, 8)
+    assert _statefulsets(kube, "fluid")["fluid-copies-e1"]["spec"]["replicas"] == 3
+    before = redis_client.xlen(out)
+    eventually(lambda: redis_client.xlen(out) > before, 60, "output after the scale-out")
+
+    _set_sink_parallelism(kube, doc, 1)
+    eventually(lambda: assigned(1, 3), 120, "copies back at 1 instance, epoch 3")
+    eventually(lambda: _statefulsets(kube, "fluid")["fluid-copies-e1"]["spec"]["replicas"] == 1, 60, "scaled in")
+    assert set(_statefulsets(kube, "fluid")) == {"fluid-words-e1", "fluid-copies-e1"}
+    copies = [p for p in kubelet.started if p.startswith("fluid-copies-")]
+    assert sorted(copies) == ["fluid-copies-e1-0", "fluid-copies-e1-1", "fluid-copies-e1-2"]
+    assert_exact_after_stop(redis_client, "fluid", sink_instances=1, at_least=500)

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from streamjobs_core.codec import DecodeError, Entry, decode, decode_table, encode, encode_table
+from streamjobs_core.codec import DecodeError, Entry, decode, decode_table, encode, encode_marker, encode_table
 
 pytestmark = pytest.mark.unit
 
@@ -74,6 +74,18 @@ def test_heartbeat_entry_has_no_payload(watermark: int) -> None:
 
 def test_heartbeat_with_no_runs() -> None:
     assert decode(encode(None, 7, [])) == Entry(0, 7, (), None)
+
+
+def test_handover_marker_names_the_new_owner_and_carries_no_watermark() -> None:
+    entry = decode(encode_marker(3))
+    assert entry.marker == 3 and entry.records == 0 and entry.runs == () and entry.table is None
+    assert decode(encode(None, 7, [])).marker is None
+
+
+@pytest.mark.parametrize("target", [-1, "3", None])
+def test_a_marker_without_an_instance_is_undecodable(target) -> None:
+    with pytest.raises(DecodeError, match="handover marker"):
+        decode({b"h": msgpack.packb(target)})
 
 
 def test_empty_table_keeps_its_schema() -> None:

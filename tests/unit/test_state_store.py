@@ -205,6 +205,27 @@ def test_load_of_a_new_key_group_takes_it_over(make_store) -> None:
     assert store.drain_changes() == {7: [("b", 2)]}
 
 
+def test_release_forgets_a_key_group_and_its_state(make_store) -> None:
+    store = make_store([0, 7])
+    store.put(7, "a", 1)
+    store.put(0, "z", 9)
+    store.drain_changes()
+    store.release(7)
+    assert store.key_groups == (0,) and contents(store) == {0: {"z": 9}}
+    with pytest.raises(KeyError):
+        store.get(7, "a")
+    store.load(7, [])  # taken back later: empty until restored
+    assert contents(store) == {0: {"z": 9}, 7: {}}
+
+
+def test_release_refuses_a_key_group_with_uncommitted_changes(make_store) -> None:
+    store = make_store([7])
+    store.put(7, "a", 1)
+    with pytest.raises(RuntimeError, match="key group 7 released with uncommitted changes"):
+        store.release(7)
+    assert store.get(7, "a") == 1
+
+
 # --- encoding ------------------------------------------------------------------------------
 
 

@@ -6,10 +6,15 @@ watermark is their minimum, and the instance's input watermark the minimum over
 its streams. Entries of one stream arrive in order, so a watermark can never
 pass data of that stream that was not read yet. Progress is keyed by key
 groups, not instances, so it survives any rescale of the upstream.
+
+A handover marker (handover.py) parks its stream: nothing after it is read
+here. Once every stream of a key group is parked, the worker releases the key
+group with its next commit; the new owner reads on from the marker.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import msgpack
@@ -17,7 +22,6 @@ import numpy as np
 import pyarrow as pa
 import redis
 from streamjobs_core.codec import DecodeError, decode
-from streamjobs_core.generators import MAX_WATERMARK
 from streamjobs_core.plan import Edge, JobPlan
 
 from .transaction import Transaction
@@ -34,11 +38,14 @@ class _Stream:
     upstream_watermarks: np.ndarray
     read_records: int = 0
     changed: bool = False
+    marker: int | None = None  # parked at a handover marker naming this new owner
 
 
 @dataclass
 class InputBatch:
     tables: dict[str, list[pa.Table]] = field(default_factory=dict)
+    # Per owned key group, the watermark of its own streams: a key group taken over mid-stream lags the rest.
+    watermarks: dict[int, int] = field(default_factory=dict)
     records: int = 0
     entries: int = 0
     full: bool = False
@@ -50,22 +57,46 @@ class InputBatch:
 
 
 class InputReader:
-    def __init__(self, r: redis.Redis, plan: JobPlan, op: str, owned: tuple[int, ...]) -> None:
+    def __init__(self, r: redis.Redis, plan: JobPlan, op: str, instance: int, owned: tuple[int, ...]) -> None:
         self._r = r
         self._plan = plan
         self._op = op
+        self._instance = instance
         self._streams: dict[str, _Stream] = {}
-        for edge in plan.edges_in(op):
-            width = plan.key_groups(edge.upstream)
-            for kg in owned:
-                key = plan.keys.kg_stream(edge.upstream, op, kg)
+        self._add(owned)
+
+    def _add(self, kgs) -> list[str]:
+        added = []
+        for edge in self._plan.edges_in(self._op):
+            width = self._plan.key_groups(edge.upstream)
+            for kg in kgs:
+                key = self._plan.keys.kg_stream(edge.upstream, self._op, kg)
                 self._streams[key] = _Stream(key, edge, kg, b"0-0", np.full(width, MIN_WATERMARK, dtype=np.int64))
+                added.append(key)
+        return added
 
     def restore(self) -> None:
         """Resume from the committed offsets and watermark progress."""
-        if not self._streams:
+        self._load(list(self._streams))
+
+    def acquire(self, kgs) -> None:
+        """Read these key groups' streams too, from where their last owner committed (a marker)."""
+        self._load(self._add(kgs))
+
+    def release(self, kg: int) -> None:
+        for name in [n for n, s in self._streams.items() if s.kg == kg]:
+            del self._streams[name]
+
+    def handovers(self) -> dict[int, int]:
+        """Key groups whose every stream is parked at a marker, and the new owner the markers name."""
+        markers: dict[int, list[int | None]] = {}
+        for s in self._streams.values():
+            markers.setdefault(s.kg, []).append(s.marker)
+        return {kg: found[0] for kg, found in markers.items() if None not in found}
+
+    def _load(self, names: list[str]) -> None:
+        if not names:
             return
-        names = list(self._streams)
         offsets = self._r.hmget(self._plan.keys.offsets(self._op), names)
         marks = self._r.hmget(self._plan.keys.watermarks(self._op), names)
         for name, offset, packed in zip(names, offsets, marks):
@@ -78,36 +109,54 @@ class InputReader:
 
     def read(self, count: int, block_ms: int) -> InputBatch:
         batch = InputBatch()
-        if not self._streams:
-            return batch
-        cursors = {name: s.cursor for name, s in self._streams.items()}
-        reply = self._r.xread(cursors, count=count, block=block_ms or None)
-        for name, entries in reply:
-            stream = self._streams[name.decode() if isinstance(name, bytes) else name]
-            batch.full |= len(entries) >= count
-            for entry_id, fields in entries:
-                stream.cursor = entry_id
-                stream.changed = True
-                batch.entries += 1
-                try:
-                    entry = decode(fields)
-                except DecodeError as exc:
-                    batch.bad.append((stream.key, entry_id, str(exc)))
-                    continue
-                for lo, hi in entry.runs:
-                    view = stream.upstream_watermarks[lo : hi + 1]
-                    np.maximum(view, entry.watermark, out=view)
-                if entry.table is not None and entry.table.num_rows:
-                    batch.tables.setdefault(stream.edge.upstream, []).append(entry.table)
-                    batch.records += entry.table.num_rows
-                    stream.read_records += entry.table.num_rows
+        cursors = {name: s.cursor for name, s in self._streams.items() if s.marker is None}
+        if cursors:
+            reply = self._r.xread(cursors, count=count, block=block_ms or None)
+            for name, entries in reply:
+                stream = self._streams[name.decode() if isinstance(name, bytes) else name]
+                batch.full |= len(entries) >= count
+                self._take(stream, entries, batch)
+        elif block_ms:
+            time.sleep(block_ms / 1000)  # owns nothing (yet), or waits for its release: no busy loop
+        batch.watermarks = self.key_group_watermarks()
         return batch
+
+    def _take(self, stream: _Stream, entries, batch: InputBatch) -> None:
+        for entry_id, fields in entries:
+            stream.cursor = entry_id
+            stream.changed = True
+            batch.entries += 1
+            try:
+                entry = decode(fields)
+            except DecodeError as exc:
+                batch.bad.append((stream.key, entry_id, str(exc)))
+                continue
+            if entry.marker is not None:
+                if entry.marker != self._instance:  # one naming this instance is a resumed controller's repeat
+                    stream.marker = entry.marker
+                    return  # what follows belongs to the new owner
+                continue
+            for lo, hi in entry.runs:
+                view = stream.upstream_watermarks[lo : hi + 1]
+                np.maximum(view, entry.watermark, out=view)
+            if entry.table is not None and entry.table.num_rows:
+                batch.tables.setdefault(stream.edge.upstream, []).append(entry.table)
+                batch.records += entry.table.num_rows
+                stream.read_records += entry.table.num_rows
 
     @property
     def watermark(self) -> int:
+        """The input watermark of the whole instance; one that owns nothing (yet) speaks for nothing."""
         if not self._streams:
-            return MAX_WATERMARK
+            return MIN_WATERMARK
         return int(min(s.upstream_watermarks.min() for s in self._streams.values()))
+
+    def key_group_watermarks(self) -> dict[int, int]:
+        out: dict[int, int] = {}
+        for s in self._streams.values():
+            mark = int(s.upstream_watermarks.min())
+            out[s.kg] = min(out.get(s.kg, mark), mark)
+        return out
 
     def stage(self, txn: Transaction) -> None:
         """Add the offsets, watermark progress and trims of what was read to the transaction."""
@@ -132,6 +181,8 @@ class InputReader:
         order = []
         for edge in self._plan.edges_in(self._op):
             kgs = sorted({s.kg for s in self._streams.values() if s.edge == edge})
+            if not kgs:
+                continue
             fields = [str(kg) for kg in kgs]
             pipe.hmget(keys.produced(edge.upstream, edge.downstream), fields)
             pipe.hmget(keys.consumed(edge.upstream, edge.downstream), fields)

@@ -31,7 +31,7 @@ class OutputRouter:
     def __init__(self, plan: JobPlan, op: str, runs: list[tuple[int, int]]) -> None:
         self._plan = plan
         self._op = op
-        self._runs = runs
+        self.runs = runs  # the key groups this instance's watermark speaks for: the ones it owns now
         self._edges = plan.edges_out(op)
         self._key_groups = plan.spec.max_parallelism
         self._told: dict[str, int] = {}
@@ -48,7 +48,7 @@ class OutputRouter:
             if table is not None and table.num_rows:
                 for kg, part in self._split(edge, table):
                     key = keys.kg_stream(self._op, edge.downstream, kg)
-                    txn.xadd(key, encode(part, watermark, self._runs))
+                    txn.xadd(key, encode(part, watermark, self.runs))
                     txn.hincrby(keys.produced(self._op, edge.downstream), str(kg), part.num_rows)
                     self._told[key] = watermark
                     touched.add(kg)
@@ -58,7 +58,7 @@ class OutputRouter:
             for kg in range(self._key_groups):
                 key = keys.kg_stream(self._op, edge.downstream, kg)
                 if kg not in touched and self._told.get(key, MIN_WATERMARK) < watermark:
-                    txn.xadd(key, encode(None, watermark, self._runs))
+                    txn.xadd(key, encode(None, watermark, self.runs))
                     self._told[key] = watermark
         if heartbeat_due:
             self._last_heartbeat = now

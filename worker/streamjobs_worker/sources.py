@@ -2,7 +2,8 @@
 
 A source instance owns partitions (its key groups); its progress is the next
 offset of each partition, committed with the batch it produced, so a restarted
-source resumes exactly where the last commit left off.
+source resumes exactly where the last commit left off, and an instance that
+takes a partition over from another resumes where that one's last commit did.
 """
 
 from __future__ import annotations
@@ -23,14 +24,49 @@ def with_ingest_time(table: pa.Table, now_ms: int) -> pa.Table:
     return table.append_column("_ingest_ms", pa.array(np.full(table.num_rows, now_ms, dtype=np.int64)))
 
 
-class GeneratorSource:
+class _PartitionedSource:
+    """Partition ownership: restored, taken over and released with the progress committed per partition."""
+
+    _r: redis.Redis
+    _plan: JobPlan
+    _op: str
+    _partitions: tuple[int, ...]
+
+    def restore(self) -> None:
+        self.acquire(self._partitions)
+
+    def acquire(self, partitions) -> None:
+        """Own these partitions (too), from their committed progress."""
+        partitions = tuple(partitions)
+        if not partitions:
+            return
+        self._partitions = tuple(sorted({*self._partitions, *partitions}))
+        keys, fields = self._plan.keys, [f"p{p}" for p in partitions]
+        offsets = self._r.hmget(keys.offsets(self._op), fields)
+        marks = self._r.hmget(keys.watermarks(self._op), fields)
+        for p, offset, mark in zip(partitions, offsets, marks):
+            self._resume(p, offset, mark)
+
+    def release(self, partition: int) -> None:
+        """Stop reading a partition whose progress was committed; another instance takes it over."""
+        self._partitions = tuple(p for p in self._partitions if p != partition)
+        self._forget(partition)
+
+    def _resume(self, partition: int, offset: bytes | None, mark: bytes | None) -> None:
+        raise NotImplementedError
+
+    def _forget(self, partition: int) -> None:
+        raise NotImplementedError
+
+
+class GeneratorSource(_PartitionedSource):
     def __init__(self, r: redis.Redis, plan: JobPlan, op: str, partitions: tuple[int, ...]) -> None:
         self._r = r
         self._plan = plan
         self._op = op
         self._spec = plan.spec.operator(op)
         self._count = plan.key_groups(op)
-        self._partitions = partitions
+        self._partitions = tuple(partitions)
         self._next = {p: 0 for p in partitions}
         self._moved: set[int] = set()
         self._stopped = False
@@ -38,11 +74,11 @@ class GeneratorSource:
         self.pending = 0  # records due and not yet emitted: the autoscaler's view of the source's backlog
         self.bad: list[tuple[str, bytes, str, dict]] = []  # generated records are never undecodable
 
-    def restore(self) -> None:
-        fields = [f"p{p}" for p in self._partitions]
-        for p, value in zip(self._partitions, self._r.hmget(self._plan.keys.offsets(self._op), fields)):
-            if value is not None:
-                self._next[p] = int(value)
+    def _resume(self, partition: int, offset: bytes | None, mark: bytes | None) -> None:
+        self._next[partition] = 0 if offset is None else int(offset)  # the watermark follows from the offsets
+
+    def _forget(self, partition: int) -> None:
+        del self._next[partition]
 
     def poll(self, budget: int, now: float, stop_requested: bool) -> tuple[pa.Table | None, int]:
         """Records due by now (at most budget) and the watermark after them."""
@@ -89,7 +125,7 @@ class GeneratorSource:
         return self.watermark() == MAX_WATERMARK
 
 
-class RedisInputSource:
+class RedisInputSource(_PartitionedSource):
     """Records XADDed by external producers, one field per column, all strings.
 
     Event time comes from `eventTimeField` (ms) or the ingest time; a partition's
@@ -101,7 +137,7 @@ class RedisInputSource:
         self._plan = plan
         self._op = op
         self._spec: RedisStreamSource = plan.spec.operator(op)
-        self._partitions = partitions
+        self._partitions = tuple(partitions)
         self._cursor = {p: b"0-0" for p in partitions}
         self._marks = {p: MIN_WATERMARK for p in partitions}
         self.bad: list[tuple[str, bytes, str, dict]] = []
@@ -109,20 +145,19 @@ class RedisInputSource:
         self.behind = False
         self.pending = 0  # unknown without reading ahead: external producers' backlog shows as `behind`
 
-    def restore(self) -> None:
-        keys = self._plan.keys
-        values = self._r.hmget(keys.offsets(self._op), [f"p{p}" for p in self._partitions])
-        marks = self._r.hmget(keys.watermarks(self._op), [f"p{p}" for p in self._partitions])
-        for p, value, mark in zip(self._partitions, values, marks):
-            if value is not None:
-                self._cursor[p] = value
-            if mark is not None:
-                self._marks[p] = int(mark)
+    def _resume(self, partition: int, offset: bytes | None, mark: bytes | None) -> None:
+        self._cursor[partition] = b"0-0" if offset is None else offset
+        self._marks[partition] = MIN_WATERMARK if mark is None else int(mark)
+
+    def _forget(self, partition: int) -> None:
+        del self._cursor[partition], self._marks[partition]
 
     def poll(self, budget: int, now: float, stop_requested: bool) -> tuple[pa.Table | None, int]:
         self._stopped |= stop_requested
         if self._stopped:
             return None, MAX_WATERMARK
+        if not self._partitions:
+            return None, self.watermark()
         keys = self._plan.keys
         streams = {keys.input_stream(self._op, p): self._cursor[p] for p in self._partitions}
         count = max(1, budget // max(1, len(streams)))

@@ -21,6 +21,7 @@ from streamjobs_core.keygroups import key_groups_of
 from streamjobs_core.spec import StatefulStage, WindowAggregateStage
 
 from . import spark
+from .inputs import MIN_WATERMARK
 from .state import KeyGroupStore
 
 
@@ -64,6 +65,12 @@ class _SparkStage:
     def restore(self) -> None:
         """Stateless stages have nothing to rebuild."""
 
+    def acquire(self, kg: int) -> None:
+        """A key group taken over mid-run (its state is in the store): stages without timers need nothing."""
+
+    def release(self, kg: int) -> None:
+        """A key group handed over (its state leaves the store): stages without timers need nothing."""
+
 
 class SqlStage(_SparkStage):
     def process(self, batch, watermark: int) -> tuple[pa.Table | None, int]:
@@ -89,9 +96,10 @@ _PARTIALS = {"count": ("count(*)",), "sum": ("sum({c})",), "avg": ("sum({c})", "
              "min": ("min({c})",), "max": ("max({c})",)}
 
 
-def partial_sql(spec: WindowAggregateStage, late_before: int) -> str:
-    """Per (key, window start) partial aggregates of the batch, and per group how many of its rows come
-    from late records: records whose last window has fired already (with `late_before`)."""
+def partial_sql(spec: WindowAggregateStage) -> str:
+    """Per (key, window start) partial aggregates of the batch, and per group `_l<j>`: how many of its rows
+    have their last window j steps after this one (a record is late when its last window has fired,
+    which the worker decides per key group)."""
     size, step = spec.window.size_ms, spec.window.step_ms
     last = f"(event_time - pmod(event_time, {step}))"
     if size == step:  # tumbling: one window per record, no explode
@@ -103,8 +111,9 @@ def partial_sql(spec: WindowAggregateStage, late_before: int) -> str:
         for i, agg in enumerate(spec.aggregations)
         for j, expr in enumerate(_PARTIALS[agg.function])
     ]
-    late = f"sum(CASE WHEN {last} + {size + spec.allowed_lateness_ms} <= {late_before} THEN 1 ELSE 0 END) AS _late"
-    return f"SELECT `{spec.key_by}` AS k, ws, {', '.join(parts)}, {late} FROM {source} GROUP BY `{spec.key_by}`, ws"
+    lasts = [f"sum(CASE WHEN {last} = ws + {j * step} THEN 1 ELSE 0 END) AS _l{j}" for j in range(size // step)]
+    return (f"SELECT `{spec.key_by}` AS k, ws, {', '.join(parts + lasts)} FROM {source} "
+            f"GROUP BY `{spec.key_by}`, ws")
 
 
 def merge_partials(function: str, old: tuple, new: tuple) -> tuple:
@@ -122,7 +131,11 @@ def final_value(function: str, partial: tuple) -> Any:
 
 
 class WindowAggregate(_SparkStage):
-    """Keyed event-time windows that fire once: when end + allowed lateness <= watermark."""
+    """Keyed event-time windows that fire once: when end + allowed lateness <= the key group's watermark.
+
+    Watermarks and timers are kept per key group: a key group taken over from another instance resumes
+    at its own streams' progress, which may lag this instance's other key groups.
+    """
 
     spec: WindowAggregateStage
 
@@ -130,22 +143,35 @@ class WindowAggregate(_SparkStage):
         super().__init__(spec, store)
         self._max_parallelism = max_parallelism
         self._widths = [len(_PARTIALS[a.function]) for a in spec.aggregations]
-        self._timers: dict[int, set[tuple[int, Any]]] = defaultdict(set)
-        self._watermark = -(2**63)
+        self._steps = spec.window.size_ms // spec.window.step_ms  # windows per record
+        self._timers: dict[int, dict[int, set[Any]]] = defaultdict(lambda: defaultdict(set))  # kg -> start -> keys
+        self._watermarks: dict[int, int] = {}
 
     def restore(self) -> None:
         for kg in self.store.key_groups:
-            for (key, ws), _ in self.store.items(kg):
-                self._timers[ws].add((kg, key))
+            self.acquire(kg)
+
+    def acquire(self, kg: int) -> None:
+        for (key, ws), _ in self.store.items(kg):
+            self._timers[kg][ws].add(key)
+
+    def release(self, kg: int) -> None:
+        self._timers.pop(kg, None)
+        self._watermarks.pop(kg, None)
 
     @property
     def _horizon(self) -> int:
         return self.spec.window.size_ms + self.spec.allowed_lateness_ms
 
+    def _fired_before(self, kg: int) -> int:
+        return self._watermarks.get(kg, MIN_WATERMARK)
+
     def process(self, batch, watermark: int) -> tuple[pa.Table | None, int]:
         if batch.records:
             self._add(batch)
-        self._watermark = max(self._watermark, watermark)
+        for kg in self.store.key_groups:
+            mark = watermark if watermark == MAX_WATERMARK else batch.watermarks.get(kg, watermark)
+            self._watermarks[kg] = max(self._fired_before(kg), mark)
         out = self._fire()
         lateness = self.spec.allowed_lateness_ms
         out_watermark = watermark if watermark == MAX_WATERMARK else watermark - lateness
@@ -153,50 +179,59 @@ class WindowAggregate(_SparkStage):
 
     def _add(self, batch) -> None:
         self._register_inputs(batch)
-        partials = self.spark.sql(partial_sql(self.spec, self._watermark)).toArrow()
+        partials = self.spark.sql(partial_sql(self.spec)).toArrow()
         if not partials.num_rows:
             return
-        # A late record is in every window it explodes into; all of them have fired (the query counts
-        # rows after the stage's `where`, so filtered records are never late).
-        size, step = self.spec.window.size_ms, self.spec.window.step_ms
-        self.late_records += sum(partials.column("_late").to_pylist()) // (size // step)
+        step = self.spec.window.step_ms
         keys = partials.column("k").to_pylist()
         starts = partials.column("ws").to_pylist()
-        columns = [c.to_pylist() for c in partials.columns[2:-1]]
+        width = sum(self._widths)
+        columns = [c.to_pylist() for c in partials.columns[2 : 2 + width]]
+        lasts = [c.to_pylist() for c in partials.columns[2 + width :]]
         kgs = key_groups_of(partials.column("k"), self._max_parallelism).tolist()
+        late = 0
         for row, (kg, key, ws) in enumerate(zip(kgs, keys, starts)):
-            if ws + self._horizon <= self._watermark:
+            fired = self._fired_before(kg)
+            # A late record is in every window it explodes into; all of them have fired (the query counts
+            # rows after the stage's `where`, so filtered records are never late).
+            late += sum(col[row] for j, col in enumerate(lasts) if ws + j * step + self._horizon <= fired)
+            if ws + self._horizon <= fired:
                 continue  # that window fired: what is left of late records is dropped
             values = [col[row] for col in columns]
             state_key = (key, ws)
             old = self.store.get(kg, state_key)
             merged, offset = [], 0
-            for agg, width in zip(self.spec.aggregations, self._widths):
-                fresh = tuple(values[offset : offset + width])
-                merged.extend(fresh if old is None else merge_partials(agg.function, old[offset : offset + width], fresh))
-                offset += width
+            for agg, w in zip(self.spec.aggregations, self._widths):
+                fresh = tuple(values[offset : offset + w])
+                merged.extend(fresh if old is None else merge_partials(agg.function, old[offset : offset + w], fresh))
+                offset += w
             self.store.put(kg, state_key, tuple(merged))
-            self._timers[ws].add((kg, key))
+            self._timers[kg][ws].add(key)
+        self.late_records += late // self._steps
 
     def _fire(self) -> pa.Table | None:
-        due = sorted(ws for ws in self._timers if ws + self._horizon <= self._watermark)
+        due = []
+        for kg, timers in self._timers.items():
+            fired = self._fired_before(kg)
+            for ws in [ws for ws in timers if ws + self._horizon <= fired]:
+                due.extend((ws, repr(key), kg, key) for key in timers.pop(ws))
         if not due:
             return None
+        due.sort(key=lambda d: d[:2])
         size = self.spec.window.size_ms
         rows: dict[str, list] = {self.spec.key_by: [], "window_start": [], "window_end": []}
         for agg in self.spec.aggregations:
             rows[agg.as_] = []
-        for ws in due:
-            for kg, key in sorted(self._timers.pop(ws), key=repr):
-                partial = self.store.get(kg, (key, ws))
-                self.store.delete(kg, (key, ws))
-                rows[self.spec.key_by].append(key)
-                rows["window_start"].append(ws)
-                rows["window_end"].append(ws + size)
-                offset = 0
-                for agg, width in zip(self.spec.aggregations, self._widths):
-                    rows[agg.as_].append(final_value(agg.function, partial[offset : offset + width]))
-                    offset += width
+        for ws, _, kg, key in due:
+            partial = self.store.get(kg, (key, ws))
+            self.store.delete(kg, (key, ws))
+            rows[self.spec.key_by].append(key)
+            rows["window_start"].append(ws)
+            rows["window_end"].append(ws + size)
+            offset = 0
+            for agg, width in zip(self.spec.aggregations, self._widths):
+                rows[agg.as_].append(final_value(agg.function, partial[offset : offset + width]))
+                offset += width
         table = pa.table(rows)
         ends = table.column("window_end")
         # Results carry the window's last instant as event time and its end as the

@@ -38,6 +38,7 @@ class Backend(Protocol):
     def remove(self, kg: int, key: Hashable) -> bool: ...
     def scan(self, kg: int) -> Iterator[tuple[Hashable, Any]]: ...
     def replace(self, kg: int, items: Iterable[tuple[Hashable, Any]]) -> None: ...
+    def drop(self, kg: int) -> None: ...
 
 
 class MemoryBackend:
@@ -58,6 +59,9 @@ class MemoryBackend:
 
     def replace(self, kg: int, items: Iterable[tuple[Hashable, Any]]) -> None:
         self._data[kg] = dict(items)
+
+    def drop(self, kg: int) -> None:
+        self._data.pop(kg, None)
 
 
 class RocksDBBackend:
@@ -103,6 +107,10 @@ class RocksDBBackend:
         self._db.delete_range(struct.pack(">I", kg), struct.pack(">I", kg + 1))
         for key, value in items:
             self.set(kg, key, value)
+
+    def drop(self, kg: int) -> None:
+        self._owned.discard(kg)
+        self._db.delete_range(struct.pack(">I", kg), struct.pack(">I", kg + 1))
 
 
 class KeyGroupStore:
@@ -158,6 +166,15 @@ class KeyGroupStore:
         if kg not in self._key_groups:
             self._key_groups = (*self._key_groups, kg)
         self._backend.replace(kg, items)
+
+    def release(self, kg: int) -> None:
+        """Forget a key group handed over to another instance (its changes were committed)."""
+        self._check(kg)
+        if self._pending.get(kg):
+            raise RuntimeError(f"key group {kg} released with uncommitted changes")
+        self._pending.pop(kg, None)
+        self._key_groups = tuple(k for k in self._key_groups if k != kg)
+        self._backend.drop(kg)
 
 
 def open_store(backend: str, key_groups: Iterable[int], directory: str) -> KeyGroupStore:

@@ -2,7 +2,7 @@
 
 Outputs, changelog entries, input offsets and watermark progress of a batch go
 into one MULTI/EXEC in the job's slot, fenced by the instance's incarnation and
-its operator's assignment: a batch either happened completely or not at all, so
+its operator's assignment generation: a batch either happened completely or not at all, so
 a restarted worker that replays from the committed offsets neither loses nor
 duplicates anything.
 """
@@ -55,41 +55,47 @@ class Checkpoint:
         self._incarnation_key = keys.incarnation(op, instance)
         self._assignment_key = keys.assignment(op)
         self._incarnation = incarnation
-        self._epoch: bytes | None = None
+        self._generation: bytes | None = None
 
     def commit(self, txn: Transaction) -> dict[int, bytes]:
         """Apply the transaction atomically; return the changelog entry id of every changed key group."""
-        with self._r.pipeline(transaction=True) as pipe:
+        while True:
             try:
-                pipe.watch(self._incarnation_key, self._assignment_key)
-                current = pipe.get(self._incarnation_key)
-                epoch = pipe.hget(self._assignment_key, "epoch")
-                if current is None or int(current) != self._incarnation:
-                    raise Fenced(f"incarnation {self._incarnation} superseded by {current!r}")
-                if self._epoch is None:
-                    self._epoch = epoch
-                elif epoch != self._epoch:
-                    raise Fenced(f"assignment epoch changed to {epoch!r}")
-                pipe.multi()
-                for key, fields, maxlen in txn.xadds:
-                    pipe.xadd(key, fields, maxlen=maxlen, approximate=True)
-                kgs = sorted(txn.changelog)
-                for kg in kgs:
-                    pipe.xadd(self._keys.changelog(self._op, kg), changelog_fields(txn.changelog[kg]))
-                for key, mapping in txn.hsets.items():
-                    pipe.hset(key, mapping=mapping)
-                for key, field_, amount in txn.hincrs:
-                    pipe.hincrby(key, field_, amount)
-                for key, minid in txn.trims.items():
-                    pipe.xtrim(key, minid=minid)
-                for key, value in txn.rpushes:
-                    pipe.rpush(key, value)
-                for key, value in txn.sadds:
-                    pipe.sadd(key, value)
-                results = pipe.execute()
-            except redis.WatchError as exc:
-                raise Fenced("incarnation or assignment changed during the commit") from exc
+                results, kgs = self._try_commit(txn)
+                break
+            except redis.WatchError:
+                continue  # the assignment was rewritten: the next try says whether that fences us
         changelog_ids = results[len(txn.xadds) : len(txn.xadds) + len(kgs)]
         for callback in txn.after_commit:
             callback()
         return dict(zip(kgs, changelog_ids))
+
+    def _try_commit(self, txn: Transaction) -> tuple[list, list[int]]:
+        with self._r.pipeline(transaction=True) as pipe:
+            pipe.watch(self._incarnation_key, self._assignment_key)
+            current = pipe.get(self._incarnation_key)
+            generation, epoch = pipe.hmget(self._assignment_key, ["generation", "epoch"])
+            generation = generation or epoch  # assignments written before generations existed
+            if current is None or int(current) != self._incarnation:
+                raise Fenced(f"incarnation {self._incarnation} superseded by {current!r}")
+            if self._generation is None:
+                self._generation = generation
+            elif generation != self._generation:
+                raise Fenced(f"assignment generation changed to {generation!r}: the key groups were reassigned")
+            pipe.multi()
+            for key, fields, maxlen in txn.xadds:
+                pipe.xadd(key, fields, maxlen=maxlen, approximate=True)
+            kgs = sorted(txn.changelog)
+            for kg in kgs:
+                pipe.xadd(self._keys.changelog(self._op, kg), changelog_fields(txn.changelog[kg]))
+            for key, mapping in txn.hsets.items():
+                pipe.hset(key, mapping=mapping)
+            for key, field_, amount in txn.hincrs:
+                pipe.hincrby(key, field_, amount)
+            for key, minid in txn.trims.items():
+                pipe.xtrim(key, minid=minid)
+            for key, value in txn.rpushes:
+                pipe.rpush(key, value)
+            for key, value in txn.sadds:
+                pipe.sadd(key, value)
+            return pipe.execute(), kgs

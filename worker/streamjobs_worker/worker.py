@@ -1,10 +1,15 @@
 """One operator instance: read -> process on Spark -> route -> commit, in a loop.
 
 A worker starts from "you own key groups X at epoch E" (the assignment in
-Redis), restores their state and offsets, and processes micro-batches whose
+Redis, and any key groups a fluid or batched rescale moved since: handover.py),
+restores their state and offsets, and processes micro-batches whose
 size adapts to the backlog: under no load a batch is whatever arrived within
 maxWaitMs (low latency); under backlog batches grow until one takes about
 targetBatchMs, so the ~0.25 s fixed cost of a Spark job is amortised.
+
+During a fluid or batched rescale a worker releases a key group in the commit
+of the batch that reached its handover markers, and takes over the key groups
+released to it between batches.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import time
 
 import msgpack
 import redis
+from streamjobs_core import handover
 from streamjobs_core.generators import MAX_WATERMARK
 from streamjobs_core.keygroups import runs
 from streamjobs_core.plan import JobPlan, edge_totals, read_assignment
@@ -27,7 +33,7 @@ from .outputs import OutputRouter
 from .sinks import make_sink
 from .sources import make_source
 from .stages import make_stage
-from .standby import Prestaged, state_directory
+from .standby import STATEFUL_OPERATOR_TYPES, Prestaged, state_directory
 from .state import open_store
 from .transaction import Checkpoint, Transaction
 
@@ -37,6 +43,7 @@ _LAG_EVERY_S = 1.0
 _LATENCY_SAMPLES = 200
 _MAX_ENTRIES_PER_STREAM = 4096
 _SOURCE_TICK_S = 0.05
+_HANDOVER_POLL_S = 0.1
 
 
 class Worker:
@@ -51,7 +58,7 @@ class Worker:
         self.spec = plan.spec.operator(op)
         keys = plan.keys
         assignment = read_assignment(r, keys, op) or plan.initial_assignment(op)
-        self.owned = assignment.key_groups_of(instance)
+        self.owned = handover.owned_by(r, plan, op, instance)
         self.incarnation = int(r.incr(keys.incarnation(op, instance)))
         self.checkpoint = Checkpoint(r, keys, op, instance, self.incarnation)
         self.metrics = WorkerMetrics(plan.name, op, instance)
@@ -65,7 +72,7 @@ class Worker:
         self.store = prestaged.store if prestaged is not None else open_store(
             plan.spec.state.backend, self.owned, state_directory(plan, op, instance, assignment.epoch))
         self.source = make_source(r, plan, op, self.owned) if self.is_source else None
-        self.reader = None if self.is_source else InputReader(r, plan, op, self.owned)
+        self.reader = None if self.is_source else InputReader(r, plan, op, instance, self.owned)
         self.stage = None
         if not (self.is_source or self.is_sink):
             self.stage = make_stage(self.spec, self.store, plan.spec.max_parallelism)
@@ -90,6 +97,8 @@ class Worker:
         self._last_backpressure_check = 0.0
         self._next_batch_at = 0.0
         self._over_bound = False
+        self._last_handover_poll = 0.0
+        self._release_requests: dict[int, int] = {}  # source partition -> new owner
 
     # --- lifecycle -----------------------------------------------------------
 
@@ -105,6 +114,10 @@ class Worker:
 
     def run(self, stop: threading.Event) -> None:
         self.restore()
+        # Restarted after taking key groups over (or before saying so): the controller waits to hear it.
+        moved_here = handover.moved_to(self.r, self.plan, self.op, self.instance)
+        if moved_here:
+            self.r.hset(self.plan.keys.acquired(self.op), mapping={kg: self.instance for kg in moved_here})
         log.info("%s/%d owns %d key groups (incarnation %d%s)", self.op, self.instance, len(self.owned),
                  self.incarnation, ", state prestaged as a standby" if self.prestaged is not None else "")
         while not stop.is_set():
@@ -143,10 +156,16 @@ class Worker:
             self._done = True
         for kg, changes in self.store.drain_changes().items():
             txn.changelog[kg] = changes
+        released = self._handovers()
+        if released:
+            txn.hset(self.plan.keys.owners(self.op), released)
         if not txn.empty:
             ids = self.checkpoint.commit(txn)
             self._changelog_ids.update(ids)
             self._unsnapshotted.update(ids)
+        if released:
+            self._let_go(released)  # before any snapshot: the new owner's changelog is not ours to trim
+        self._take_over()
         self._batches += 1
         if self._batches % self.plan.spec.state.snapshot_every_batches == 0 and self._unsnapshotted:
             self._snapshot()
@@ -162,6 +181,63 @@ class Worker:
         if records and not full:
             self._next_batch_at = started + self.plan.spec.batching.min_interval_ms / 1000
         self._report_lag()
+
+    # --- per-key-group handover (fluid and batched rescales) ---------------------
+
+    def _handovers(self) -> dict[int, int]:
+        """Key groups to release with this batch's commit: new owner of each."""
+        if self.source is not None:
+            return {p: to for p, to in self._release_requests.items() if p in self.owned and to != self.instance}
+        return self.reader.handovers()
+
+    def _let_go(self, released: dict[int, int]) -> None:
+        for kg in released:
+            if self.source is not None:
+                self.source.release(kg)
+            else:
+                self.reader.release(kg)
+            if self.stage is not None:
+                self.stage.release(kg)
+            self.store.release(kg)
+            self._changelog_ids.pop(kg, None)
+            self._unsnapshotted.discard(kg)
+            self._snapshot_sizes.pop(kg, None)
+        self._owned_now(tuple(kg for kg in self.owned if kg not in released))
+        log.info("%s/%d released key groups %s", self.op, self.instance, _pairs(released))
+
+    def _take_over(self) -> None:
+        """Take over the key groups released to this instance, from their last owner's commit."""
+        now = time.monotonic()
+        if now - self._last_handover_poll < _HANDOVER_POLL_S:
+            return
+        self._last_handover_poll = now
+        keys = self.plan.keys
+        self._release_requests = {int(p): int(to) for p, to in self.r.hgetall(keys.releases(self.op)).items()}
+        mine = [kg for kg in handover.moved_to(self.r, self.plan, self.op, self.instance) if kg not in self.owned]
+        if not mine:
+            return
+        for kg in mine:
+            self.store.load(kg, ())
+        if self.spec.type in STATEFUL_OPERATOR_TYPES:
+            applied: dict[int, bytes] = {}
+            recovery.catch_up(self.r, keys, self.op, self.store, applied, mine)
+            self._changelog_ids.update(applied)
+        for kg in mine:
+            if self.stage is not None:
+                self.stage.acquire(kg)
+        if self.source is not None:
+            self.source.acquire(mine)
+        else:
+            self.reader.acquire(mine)
+        self._owned_now(tuple(sorted({*self.owned, *mine})))
+        self.r.hset(keys.acquired(self.op), mapping={kg: self.instance for kg in mine})
+        log.info("%s/%d took over key groups %s", self.op, self.instance, mine)
+
+    def _owned_now(self, owned: tuple[int, ...]) -> None:
+        self.owned = owned
+        if self.router is not None:
+            self.router.runs = runs(owned)
+        self.metrics.owned_key_groups.set(len(owned))
 
     def _backpressured(self) -> bool:
         """Whether an output edge holds more unconsumed records than the bound (checked every 0.2 s)."""
@@ -265,3 +341,7 @@ class Worker:
         self._last_lag = now
         for (upstream, kg), records in self.reader.lag().items():
             self.metrics.set_lag(upstream, kg, records)
+
+
+def _pairs(released: dict[int, int]) -> str:
+    return ", ".join(f"{kg}->{to}" for kg, to in sorted(released.items()))

@@ -1,0 +1,86 @@
+"""Per-key-group handover: who owns what while a fluid or batched rescale moves key groups.
+
+Megaphone moves key groups in steps while everything else keeps running; Chi
+carries each step's sync point in-band. For every moved key group the rescale
+controller writes a marker into each of the key group's input streams. The old
+owner processes the records before the marker, and in the same commit as that
+batch records the key group's new owner here (`owners`); the new owner sees
+that, restores the key group's committed state and offsets (the marker) and
+goes on after it. Only that key group's records wait meanwhile.
+
+A source partition has no input stream to mark: the controller asks its owner
+(`releases`) to give it up at its next commit, with its offset.
+
+Who owns a key group is the assignment in force unless `owners` names a newer
+owner; a worker that restarts mid-rescale computes the same. The final switch
+writes the new assignment and drops `owners` in one transaction.
+"""
+
+from __future__ import annotations
+
+from .codec import encode_marker
+from .keygroups import Assignment, Move
+from .plan import JobPlan, read_assignment, write_assignment
+
+
+def owners(r, plan: JobPlan, op: str) -> list[int]:
+    """The owner instance of every key group of `op` now."""
+    keys = plan.keys
+    assignment = read_assignment(r, keys, op) or plan.initial_assignment(op)
+    current = list(assignment.owners)
+    for kg, instance in r.hgetall(keys.owners(op)).items():
+        current[int(kg)] = int(instance)
+    return current
+
+
+def owned_by(r, plan: JobPlan, op: str, instance: int) -> tuple[int, ...]:
+    return tuple(kg for kg, owner in enumerate(owners(r, plan, op)) if owner == instance)
+
+
+def moved_to(r, plan: JobPlan, op: str, instance: int) -> list[int]:
+    """The key groups released to `instance` by the rescale in progress."""
+    return sorted(int(kg) for kg, i in r.hgetall(plan.keys.owners(op)).items() if int(i) == instance)
+
+
+def steps(moves: list[Move], size: int) -> list[list[Move]]:
+    """The moves in steps of `size` key groups (fluid: 1), in key-group order."""
+    ordered = sorted(moves, key=lambda m: m.key_group)
+    return [ordered[i : i + size] for i in range(0, len(ordered), size)]
+
+
+def start(r, plan: JobPlan, op: str, step: list[Move]) -> None:
+    """Ask the old owners to hand these key groups over: markers into their streams, or release requests.
+
+    Idempotent for a resumed controller: a new owner skips a marker that names itself.
+    """
+    keys = plan.keys
+    edges = plan.edges_in(op)
+    pipe = r.pipeline(transaction=False)
+    for move in step:
+        if not edges:
+            pipe.hset(keys.releases(op), str(move.key_group), move.target)
+        for edge in edges:
+            pipe.xadd(keys.kg_stream(edge.upstream, op, move.key_group), encode_marker(move.target))
+    pipe.execute()
+
+
+def completed(r, plan: JobPlan, op: str, step: list[Move]) -> bool:
+    """Whether every key group of the step was released by its old owner and taken by its new one."""
+    keys = plan.keys
+    fields = [str(m.key_group) for m in step]
+    now = r.hmget(keys.owners(op), fields)
+    taken = r.hmget(keys.acquired(op), fields)
+    return all(
+        owner is not None and int(owner) == m.target and by is not None and int(by) == m.target
+        for m, owner, by in zip(step, now, taken)
+    )
+
+
+def finish(r, plan: JobPlan, op: str, new: Assignment) -> None:
+    """Make the moved ownership the assignment in force, in the same generation: nobody is fenced."""
+    keys = plan.keys
+    generation, epoch = r.hmget(keys.assignment(op), ["generation", "epoch"])
+    pipe = r.pipeline(transaction=True)
+    write_assignment(pipe, keys, op, new, generation=int(generation or epoch))
+    pipe.delete(keys.owners(op), keys.releases(op), keys.acquired(op))
+    pipe.execute()

@@ -1,0 +1,149 @@
+"""Per-key-group handover against a real redis-server: a marker splits a key group's stream between its
+old and new owner, the release rides on the old owner's commit, and the fluid/batched controller steps."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+from streamjobs_core import handover
+from streamjobs_core.codec import decode, encode
+from streamjobs_core.keygroups import Assignment, Move
+from streamjobs_core.plan import read_assignment, write_assignment
+from streamjobs_core.rescale import HANDOVER, RescaleController, progress
+from streamjobs_worker.inputs import InputReader
+from streamjobs_worker.transaction import Checkpoint, Fenced, Transaction
+
+
+def write(r, plan, kg: int, values: list[int], watermark: int) -> None:
+    table = pa.table({"v": pa.array(values, pa.int64())})
+    r.xadd(plan.keys.kg_stream("src", "agg", kg), encode(table, watermark, [(0, 11)]))
+
+
+def values(batch) -> list[int]:
+    table = batch.table("src")
+    return [] if table is None else table.column("v").to_pylist()
+
+
+def commit(r, plan, instance: int, txn: Transaction) -> None:
+    incarnation = r.incr(plan.keys.incarnation("agg", instance))
+    Checkpoint(r, plan.keys, "agg", instance, incarnation).commit(txn)
+
+
+def test_the_marker_splits_a_key_group_between_its_old_and_its_new_owner(r, plan):
+    keys = plan.keys
+    write(r, plan, 3, [1, 2], 100)
+    write(r, plan, 2, [10], 100)
+    handover.start(r, plan, "agg", [Move(3, 0, 1)])
+    write(r, plan, 3, [3, 4], 900)
+    write(r, plan, 2, [11], 900)
+    old = InputReader(r, plan, "agg", 0, handover.owned_by(r, plan, "agg", 0))
+    old.restore()
+    batch = old.read(100, 0)
+    assert sorted(values(batch)) == [1, 2, 10, 11]  # nothing after key group 3's marker
+    assert old.handovers() == {3: 1}
+    assert batch.watermarks[3] == 100 and batch.watermarks[2] == 900
+    assert values(old.read(100, 0)) == []  # a parked stream is not read again
+
+    txn = Transaction()
+    old.stage(txn)
+    txn.hset(keys.owners("agg"), {3: 1})  # what the worker adds to the commit of that batch
+    commit(r, plan, 0, txn)
+    old.release(3)
+    assert handover.owned_by(r, plan, "agg", 0) == (0, 1, 2, 4, 5)
+    assert handover.moved_to(r, plan, "agg", 1) == [3]
+
+    new = InputReader(r, plan, "agg", 1, handover.owned_by(r, plan, "agg", 1))
+    new.restore()
+    handover.start(r, plan, "agg", [Move(3, 0, 1)])  # a resumed controller repeats the step
+    batch = new.read(100, 0)
+    assert sorted(values(batch)) == [3, 4]  # exactly what followed the marker
+    assert new.handovers() == {}  # the repeated marker names the new owner: not a handover
+    assert batch.watermarks[3] == 900
+
+
+def test_a_source_partition_is_asked_for_its_release_not_marked(r, plan):
+    handover.start(r, plan, "src", [Move(0, 0, 1)])
+    assert r.hgetall(plan.keys.releases("src")) == {b"0": b"1"}
+    assert not r.keys(plan.keys.kg_stream("*", "src", 0))
+
+
+def test_the_final_switch_keeps_the_generation_so_running_instances_go_on_committing(r, plan):
+    txn = lambda: Transaction(xadds=[("sj:{ctl}:x", {"a": "1"}, None)])  # noqa: E731
+    incarnation = r.incr(plan.keys.incarnation("agg", 0))
+    running = Checkpoint(r, plan.keys, "agg", 0, incarnation)
+    running.commit(txn())
+    r.hset(plan.keys.owners("agg"), "3", 1)
+    owners = read_assignment(r, plan.keys, "agg").owners
+    handover.finish(r, plan, "agg", Assignment(2, owners))
+    assert not r.exists(plan.keys.owners("agg"))
+    running.commit(txn())  # same generation: not fenced
+    write_assignment(r, plan.keys, "agg", Assignment(3, owners))  # a revoking rescale
+    with pytest.raises(Fenced, match="generation"):
+        running.commit(txn())
+    assert r.xlen("sj:{ctl}:x") == 2
+
+
+class Instances:
+    """Stands in for the workers: each sleep of the controller, every marked key group is released and
+    taken over the way workers record it. `die_after` sleeps, the controller 'dies' once."""
+
+    def __init__(self, r, plan, die_after: int | None = None) -> None:
+        self.r, self.plan, self.die_after = r, plan, die_after
+        self.calls: list[tuple] = []
+        self.sleeps = 0
+        self.moved_so_far: list[int] = []  # what `streamjobs status` showed at each sleep
+
+    def add_instances(self, op, parallelism):
+        self.calls.append(("add_instances", op, parallelism))
+
+    def remove_instances(self, op, parallelism):
+        self.calls.append(("remove_instances", op, parallelism))
+
+    def sleep(self, _seconds: float) -> None:
+        self.sleeps += 1
+        if self.die_after is not None and self.sleeps > self.die_after:
+            self.die_after = None
+            raise ConnectionError("controller died between steps")
+        keys = self.plan.keys
+        self.moved_so_far.append(progress(self.r, keys)["key_groups_moved"])
+        for kg in range(12):
+            for _, fields in self.r.xrange(keys.kg_stream("src", "agg", kg)):
+                target = decode(fields).marker
+                if target is not None:
+                    self.r.hset(keys.owners("agg"), str(kg), target)
+                    self.r.hset(keys.acquired("agg"), str(kg), target)
+
+
+def markers(r, plan) -> dict[int, int]:
+    keys = plan.keys
+    found = {kg: sum(b"h" in f for _, f in r.xrange(keys.kg_stream("src", "agg", kg))) for kg in range(12)}
+    return {kg: n for kg, n in found.items() if n}
+
+
+def test_fluid_moves_one_key_group_per_step_then_switches_in_the_same_generation(r, plan):
+    fleet = Instances(r, plan)
+    record = RescaleController(r, plan, fleet, sleep=fleet.sleep).rescale("agg", 3, "fluid")
+    assignment = read_assignment(r, plan.keys, "agg")
+    assert (assignment.epoch, assignment.parallelism) == (2, 3)
+    assert r.hget(plan.keys.assignment("agg"), "generation") == b"1"
+    assert record["moved_key_groups"] == record["steps"] == 6  # 4, 5 -> 1; 8..11 -> 2
+    assert markers(r, plan) == {4: 1, 5: 1, 8: 1, 9: 1, 10: 1, 11: 1}
+    assert fleet.calls == [("add_instances", "agg", 3), ("remove_instances", "agg", 3)]
+    assert fleet.moved_so_far == list(range(6))
+    assert not r.exists(plan.keys.owners("agg"), plan.keys.acquired("agg"), plan.keys.rescale_current)
+
+
+def test_batched_scale_in_resumed_after_the_controller_died_mid_steps(r, plan):
+    first = Instances(r, plan)
+    RescaleController(r, plan, first, sleep=first.sleep).rescale("agg", 4, "fluid")
+    r.delete(*[plan.keys.kg_stream("src", "agg", kg) for kg in range(12)])
+    dying = Instances(r, plan, die_after=1)
+    with pytest.raises(ConnectionError):
+        RescaleController(r, plan, dying, sleep=dying.sleep).rescale("agg", 2, "batched")
+    assert RescaleController(r, plan, dying).current()["phase"] == HANDOVER
+    fleet = Instances(r, plan)
+    record = RescaleController(r, plan, fleet, sleep=fleet.sleep).resume()
+    assert (record["from"], record["to"], record["moved_key_groups"], record["steps"]) == (4, 2, 9, 2)
+    assert read_assignment(r, plan.keys, "agg").owners == (0,) * 6 + (1,) * 6
+    assert fleet.calls == [("remove_instances", "agg", 2)]
+    assert all(n <= 2 for n in markers(r, plan).values())  # a step already done is not marked again
