@@ -146,6 +146,12 @@ class _Consumer(_Operator):
 class _Stage(_Consumer):
     key_by: str | None = Field(None, description="Column whose value routes a record to its key group.")
     where: str | None = Field(None, description="Spark SQL predicate; only matching input records reach the stage.")
+    on_error: Literal["dead_letter", "fail"] = Field(
+        "dead_letter", description="When the stage fails on a batch (a user function raises, Spark refuses a "
+        "cast): dead_letter splits the batch until the records it fails on alone are found, sends them to the "
+        "job's dead-letter stream with the error and processes the rest; fail stops the worker (it restarts "
+        "and fails again until the stage or its input is fixed).",
+    )
 
 
 class SqlStage(_Stage):

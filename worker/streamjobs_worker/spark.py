@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 
 import pyarrow as pa
 from pyspark.sql import SparkSession
@@ -11,6 +12,9 @@ from pyspark.sql import SparkSession
 
 @functools.cache
 def session(master: str | None = None, memory: str | None = None) -> SparkSession:
+    # Python UDFs run in Python workers Spark starts: with this interpreter (its packages, pyarrow
+    # included), not whatever `python3` is first on the PATH.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     # Small local sessions: many workers share few cores, and batches are small
     # enough that one shuffle partition beats Spark's default of 200.
     spark = (

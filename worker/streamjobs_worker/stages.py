@@ -274,6 +274,8 @@ class Stateful(_SparkStage):
                 rows.append((k, *value))
         schema = StructType([df.schema[key], *self._state_fields])
         out, new_state = self._fn(df, self.spark.createDataFrame(rows, schema))
+        # Both results before any state changes: a batch that fails leaves the state as it was.
+        output = out.toArrow()
         updates = new_state.toArrow()
         names = [f.name for f in self._state_fields]
         state_keys = updates.column(key).to_pylist()
@@ -283,7 +285,7 @@ class Stateful(_SparkStage):
                 self.store.delete(kg, k)
             else:
                 self.store.put(kg, k, tuple(value))
-        return out.toArrow(), watermark
+        return output, watermark
 
 
 def make_stage(spec, store: KeyGroupStore, max_parallelism: int):

@@ -26,7 +26,7 @@ from streamjobs_core.generators import MAX_WATERMARK
 from streamjobs_core.keygroups import runs
 from streamjobs_core.plan import JobPlan, edge_totals, read_assignment
 
-from . import recovery
+from . import poison, recovery
 from .inputs import InputBatch, InputReader
 from .metrics import WorkerMetrics
 from .outputs import OutputRouter
@@ -279,7 +279,13 @@ class Worker:
                     self._observe_latency(table, txn)
                     self.sink.write(table, txn)
             return None, watermark
-        output, out_watermark = self.stage.process(batch, watermark)
+        if self.spec.on_error == "fail":
+            output, out_watermark = self.stage.process(batch, watermark)
+        else:
+            output, out_watermark, rejected = poison.process(self.stage, batch, watermark)
+            for bad in rejected:
+                record = json.dumps(bad.record, default=str)
+                self._dead_letter_one(txn, f"{bad.upstream}>{self.op}", b"", bad.error, record)
         if self.stage.late_records:
             self.metrics.late_records.inc(self.stage.late_records)
             self.stage.late_records = 0
