@@ -209,3 +209,13 @@ def test_fuzzed_payload_only_raises_decode_error(d: bytes) -> None:
 @given(headers(), payloads())
 def test_fuzzed_header_and_payload_only_raise_decode_error(m: bytes, d: bytes) -> None:
     check({b"m": m, b"d": d})
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(headers())
+def test_fuzzed_marker_is_an_instance_or_a_decode_error(h: bytes) -> None:
+    try:
+        entry = decode({b"h": h})
+    except DecodeError:
+        return
+    assert isinstance(entry.marker, int) and entry.marker >= 0 and entry.table is None
