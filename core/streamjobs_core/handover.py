@@ -20,15 +20,20 @@ from __future__ import annotations
 
 from .codec import encode_marker
 from .keygroups import Assignment, Move
-from .plan import JobPlan, read_assignment, write_assignment
+from .plan import JobPlan, parse_assignment, write_assignment
 
 
 def owners(r, plan: JobPlan, op: str) -> list[int]:
     """The owner instance of every key group of `op` now."""
     keys = plan.keys
-    assignment = read_assignment(r, keys, op) or plan.initial_assignment(op)
-    current = list(assignment.owners)
-    for kg, instance in r.hgetall(keys.owners(op)).items():
+    # One MULTI: the final switch replaces the assignment and drops `owners` at once, and a worker must not
+    # see the old assignment without the moves (it would take back what it gave away).
+    pipe = r.pipeline(transaction=True)
+    pipe.hgetall(keys.assignment(op))
+    pipe.hgetall(keys.owners(op))
+    assignment, moved = pipe.execute()
+    current = list(parse_assignment(assignment).owners if assignment else plan.initial_assignment(op).owners)
+    for kg, instance in moved.items():
         current[int(kg)] = int(instance)
     return current
 

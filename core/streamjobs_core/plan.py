@@ -85,6 +85,8 @@ def write_assignment(
 
 def read_assignment(r, keys: JobKeys, op: str, *, upcoming: bool = False) -> Assignment | None:
     data = r.hgetall(keys.next_assignment(op) if upcoming else keys.assignment(op))
-    if not data:
-        return None
+    return parse_assignment(data) if data else None
+
+
+def parse_assignment(data: dict[bytes, bytes]) -> Assignment:
     return Assignment(int(data[b"epoch"]), tuple(json.loads(data[b"owners"])))

@@ -147,3 +147,20 @@ def test_batched_scale_in_resumed_after_the_controller_died_mid_steps(r, plan):
     assert read_assignment(r, plan.keys, "agg").owners == (0,) * 6 + (1,) * 6
     assert fleet.calls == [("remove_instances", "agg", 2)]
     assert all(n <= 2 for n in markers(r, plan).values())  # a step already done is not marked again
+
+
+def test_a_stream_committed_at_its_marker_stays_parked_after_a_restart(r, plan):
+    """The old owner committed up to the marker but died before the key group's release: restarted, it
+    must not read the new owner's records after the marker."""
+    write(r, plan, 3, [1], 100)
+    handover.start(r, plan, "agg", [Move(3, 0, 1)])
+    write(r, plan, 3, [2], 900)
+    before = InputReader(r, plan, "agg", 0, (3,))
+    before.restore()
+    assert values(before.read(100, 0)) == [1]
+    txn = Transaction()
+    before.stage(txn)  # the offset is the marker; SIGKILL before the release
+    commit(r, plan, 0, txn)
+    after = InputReader(r, plan, "agg", 0, (3,))
+    after.restore()
+    assert after.handovers() == {3: 1} and values(after.read(100, 0)) == []

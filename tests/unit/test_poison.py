@@ -71,3 +71,17 @@ def test_a_python_worker_traceback_is_reduced_to_its_last_line() -> None:
     error = RuntimeError("An exception was thrown from the Python worker.\nTraceback (most recent call last):\n"
                          '  File "udfs.py", line 3, in f\nValueError: no price for 7\n')
     assert poison.describe(error) == "RuntimeError: ValueError: no price for 7"
+
+
+def test_a_lost_jvm_is_raised_at_once_not_blamed_on_records() -> None:
+    from py4j.protocol import Py4JNetworkError
+
+    class Gone(Picky):
+        def process(self, batch, watermark):
+            self.calls.append((batch.records, watermark))
+            raise Py4JNetworkError("Answer from Java side is empty")
+
+    stage = Gone()
+    with pytest.raises(Py4JNetworkError):
+        poison.process(stage, make_batch(("a", [1])), 700)
+    assert len(stage.calls) == 1

@@ -99,13 +99,22 @@ class InputReader:
             return
         offsets = self._r.hmget(self._plan.keys.offsets(self._op), names)
         marks = self._r.hmget(self._plan.keys.watermarks(self._op), names)
+        pipe = self._r.pipeline(transaction=False)
         for name, offset, packed in zip(names, offsets, marks):
             stream = self._streams[name]
             if offset is not None:
                 stream.cursor = offset
+            pipe.xrange(name, stream.cursor, stream.cursor)
             if packed is not None:
                 for lo, hi, mark in msgpack.unpackb(packed):
                     stream.upstream_watermarks[lo : hi + 1] = mark
+        # A stream committed at a marker (its key group's other streams not there yet when the worker
+        # stopped) stays parked: what follows the marker is the new owner's.
+        for name, at_cursor in zip(names, pipe.execute()):
+            for _, fields in at_cursor:
+                marker = _marker(fields)
+                if marker is not None and marker != self._instance:
+                    self._streams[name].marker = marker
 
     def read(self, count: int, block_ms: int) -> InputBatch:
         batch = InputBatch()
@@ -203,3 +212,10 @@ def _rle(values: np.ndarray) -> list[tuple[int, int, int]]:
             out.append((start, i - 1, int(values[start])))
             start = i
     return out
+
+
+def _marker(fields: dict[bytes, bytes]) -> int | None:
+    try:
+        return decode(fields).marker
+    except DecodeError:
+        return None

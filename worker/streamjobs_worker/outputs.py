@@ -31,12 +31,17 @@ class OutputRouter:
     def __init__(self, plan: JobPlan, op: str, runs: list[tuple[int, int]]) -> None:
         self._plan = plan
         self._op = op
-        self.runs = runs  # the key groups this instance's watermark speaks for: the ones it owns now
+        self._runs = runs
         self._edges = plan.edges_out(op)
         self._key_groups = plan.spec.max_parallelism
         self._told: dict[str, int] = {}
         self._last_heartbeat = 0.0
         self._round_robin = 0
+
+    def speak_for(self, runs: list[tuple[int, int]]) -> None:
+        """Announce the watermark for these key groups from now on (the instance's ownership changed)."""
+        self._runs = runs
+        self._told.clear()  # what each stream was told spoke for other key groups: tell them all again
 
     def route(self, table: pa.Table | None, watermark: int, txn: Transaction, now: float) -> int:
         """Stage the batch's output and heartbeats; return the records written per edge (summed)."""
@@ -48,7 +53,7 @@ class OutputRouter:
             if table is not None and table.num_rows:
                 for kg, part in self._split(edge, table):
                     key = keys.kg_stream(self._op, edge.downstream, kg)
-                    txn.xadd(key, encode(part, watermark, self.runs))
+                    txn.xadd(key, encode(part, watermark, self._runs))
                     txn.hincrby(keys.produced(self._op, edge.downstream), str(kg), part.num_rows)
                     self._told[key] = watermark
                     touched.add(kg)
@@ -58,7 +63,7 @@ class OutputRouter:
             for kg in range(self._key_groups):
                 key = keys.kg_stream(self._op, edge.downstream, kg)
                 if kg not in touched and self._told.get(key, MIN_WATERMARK) < watermark:
-                    txn.xadd(key, encode(None, watermark, self.runs))
+                    txn.xadd(key, encode(None, watermark, self._runs))
                     self._told[key] = watermark
         if heartbeat_due:
             self._last_heartbeat = now

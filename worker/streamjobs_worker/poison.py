@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pyarrow as pa
+from py4j.protocol import Py4JNetworkError
 
 from .inputs import MIN_WATERMARK, InputBatch
 
@@ -42,7 +43,7 @@ def process(stage, batch: InputBatch, watermark: int) -> tuple[pa.Table | None, 
         output, out_watermark = stage.process(batch, watermark)
         return output, out_watermark, []
     except Exception as exc:  # what a stage raises is Spark's or the user's: any of it may be a record's fault
-        if batch.records == 0:
+        if batch.records == 0 or _fatal(exc):
             raise
         first = exc
     outputs: list[pa.Table] = []
@@ -63,6 +64,8 @@ def _isolate(stage, batch: InputBatch, outputs: list[pa.Table], rejected: list[R
     try:
         output, _ = stage.process(batch, MIN_WATERMARK)  # MIN: the watermark stays where it was
     except Exception as exc:  # see process()
+        if _fatal(exc):
+            raise
         if batch.records == 1:
             upstream = next(iter(batch.tables))
             rejected.append(Rejected(upstream, batch.table(upstream).to_pylist()[0], describe(exc)))
@@ -72,6 +75,11 @@ def _isolate(stage, batch: InputBatch, outputs: list[pa.Table], rejected: list[R
         return
     if output is not None:
         outputs.append(output)
+
+
+def _fatal(exc: Exception) -> bool:
+    """The JVM or the connection to it is gone: no record's fault, and no part can succeed now."""
+    return isinstance(exc, (ConnectionError, Py4JNetworkError))
 
 
 def split(batch: InputBatch) -> tuple[InputBatch, InputBatch]:

@@ -110,7 +110,7 @@ class GeneratorSource(_PartitionedSource):
         if self._stopped:
             return MAX_WATERMARK
         if not self._partitions:
-            return MAX_WATERMARK
+            return MIN_WATERMARK  # owns nothing (yet): speaks for nothing
         # Event times grow with the global index, so the partition furthest behind bounds them all.
         behind = min(self._next[p] * self._count + p for p in self._partitions)
         return generators.watermark(self._spec, self._plan.t0_ms, behind)
@@ -194,7 +194,7 @@ class RedisInputSource(_PartitionedSource):
         return with_ingest_time(table, now_ms), self.watermark()
 
     def watermark(self) -> int:
-        return MAX_WATERMARK if self._stopped else min(self._marks.values(), default=MAX_WATERMARK)
+        return MAX_WATERMARK if self._stopped else min(self._marks.values(), default=MIN_WATERMARK)
 
     def stage(self, txn: Transaction) -> None:
         keys = self._plan.keys

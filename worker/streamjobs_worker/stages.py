@@ -62,10 +62,10 @@ class _SparkStage:
         union.createOrReplaceTempView("input")
         return union
 
-    def restore(self) -> None:
+    def restore(self, watermarks: dict[int, int] | None = None) -> None:
         """Stateless stages have nothing to rebuild."""
 
-    def acquire(self, kg: int) -> None:
+    def acquire(self, kg: int, watermark: int = MIN_WATERMARK) -> None:
         """A key group taken over mid-run (its state is in the store): stages without timers need nothing."""
 
     def release(self, kg: int) -> None:
@@ -147,13 +147,16 @@ class WindowAggregate(_SparkStage):
         self._timers: dict[int, dict[int, set[Any]]] = defaultdict(lambda: defaultdict(set))  # kg -> start -> keys
         self._watermarks: dict[int, int] = {}
 
-    def restore(self) -> None:
+    def restore(self, watermarks: dict[int, int] | None = None) -> None:
         for kg in self.store.key_groups:
-            self.acquire(kg)
+            self.acquire(kg, (watermarks or {}).get(kg, MIN_WATERMARK))
 
-    def acquire(self, kg: int) -> None:
+    def acquire(self, kg: int, watermark: int = MIN_WATERMARK) -> None:
+        """Timers from the key group's state; `watermark`: its committed input watermark, which every
+        window fired before (a late record after a restart or handover must not open such a window again)."""
         for (key, ws), _ in self.store.items(kg):
             self._timers[kg][ws].add(key)
+        self._watermarks[kg] = watermark
 
     def release(self, kg: int) -> None:
         self._timers.pop(kg, None)

@@ -110,7 +110,7 @@ class Worker:
         if self.stage is not None:
             since = self.prestaged.applied if self.prestaged is not None else None
             self._changelog_ids = recovery.restore(self.r, self.plan.keys, self.op, self.store, since)
-            self.stage.restore()
+            self.stage.restore(self.reader.key_group_watermarks())
 
     def run(self, stop: threading.Event) -> None:
         self.restore()
@@ -222,13 +222,14 @@ class Worker:
             applied: dict[int, bytes] = {}
             recovery.catch_up(self.r, keys, self.op, self.store, applied, mine)
             self._changelog_ids.update(applied)
-        for kg in mine:
-            if self.stage is not None:
-                self.stage.acquire(kg)
         if self.source is not None:
             self.source.acquire(mine)
         else:
             self.reader.acquire(mine)
+        if self.stage is not None:
+            watermarks = self.reader.key_group_watermarks()
+            for kg in mine:
+                self.stage.acquire(kg, watermarks[kg])
         self._owned_now(tuple(sorted({*self.owned, *mine})))
         self.r.hset(keys.acquired(self.op), mapping={kg: self.instance for kg in mine})
         log.info("%s/%d took over key groups %s", self.op, self.instance, mine)
@@ -236,7 +237,7 @@ class Worker:
     def _owned_now(self, owned: tuple[int, ...]) -> None:
         self.owned = owned
         if self.router is not None:
-            self.router.runs = runs(owned)
+            self.router.speak_for(runs(owned))
         self.metrics.owned_key_groups.set(len(owned))
 
     def _backpressured(self) -> bool:
