@@ -212,7 +212,8 @@ class Worker:
             return
         self._last_handover_poll = now
         keys = self.plan.keys
-        self._release_requests = {int(p): int(to) for p, to in self.r.hgetall(keys.releases(self.op)).items()}
+        if self.source is not None:  # only sources are asked; the others find markers in their streams
+            self._release_requests = {int(p): int(to) for p, to in self.r.hgetall(keys.releases(self.op)).items()}
         mine = [kg for kg in handover.moved_to(self.r, self.plan, self.op, self.instance) if kg not in self.owned]
         if not mine:
             return
