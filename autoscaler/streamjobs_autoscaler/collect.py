@@ -25,6 +25,9 @@ class OperatorCounters:
     records_out: float = 0.0
     busy_s: float = 0.0
     idle_s: float = 0.0
+    batches: float = 0.0  # batches that carried records, and two sums over them for the cost fit:
+    batch_records_sq: float = 0.0  # records^2
+    batch_records_busy: float = 0.0  # records x busy seconds
     lag: float = 0.0  # records waiting in the operator's kg streams
     pending: float = 0.0  # records due at a source and not yet emitted
     watermark_ms: float = float("inf")
@@ -46,6 +49,9 @@ _SUMMED = {
     "streamjobs_records_out_total": "records_out",
     "streamjobs_busy_seconds_total": "busy_s",
     "streamjobs_idle_seconds_total": "idle_s",
+    "streamjobs_batches_total": "batches",
+    "streamjobs_batch_records_squared_total": "batch_records_sq",
+    "streamjobs_batch_records_busy_seconds_total": "batch_records_busy",
     "streamjobs_kg_lag_records": "lag",
     "streamjobs_source_pending_records": "pending",
 }

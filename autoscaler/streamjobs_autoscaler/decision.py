@@ -14,6 +14,7 @@ class OperatorDecision:
     rule: str  # the rule that set `parallelism`: e.g. "ds2", "scale-down delay", "ineffective scaling"
     target_rate: float | None = None
     true_rate_per_instance: float | None = None
+    batch_cost_s: float | None = None  # fixed busy time per batch, fitted out of the true rate
     input_rate: float | None = None
     utilization: float | None = None
     backlog: float | None = None
@@ -29,6 +30,8 @@ class OperatorDecision:
             numbers.append(f"target {self.target_rate:,.0f} rec/s")
         if self.true_rate_per_instance is not None:
             numbers.append(f"true rate {self.true_rate_per_instance:,.0f} rec/s per instance")
+        if self.batch_cost_s:
+            numbers.append(f"fixed {self.batch_cost_s * 1000:,.0f} ms per batch")
         if self.input_rate is not None:
             numbers.append(f"input {self.input_rate:,.0f} rec/s")
         if self.utilization is not None:

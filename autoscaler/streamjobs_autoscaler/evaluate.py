@@ -3,7 +3,11 @@
 DS2 (Kalavri et al., OSDI '18): an instance's *true* processing rate is what it
 does per second of useful (busy) time, not per second of wall time; an
 operator needs `target input rate / (true rate per instance x utilization)`
-instances. Target rates start at the sources (what arrives, plus the backlog
+instances. A micro-batch also pays a fixed cost (a Spark job's ~0.25 s floor)
+that a busier instance spreads over larger batches; counted as per-record time
+it would make a lightly loaded instance look slow and DS2 ask for instances
+that add nothing. So busy time is fitted as `fixed x batches + per_record x
+records` over the window's batches, and the true rate is `1 / per_record`. Target rates start at the sources (what arrives, plus the backlog
 to catch up) and flow downstream through each operator's observed
 selectivity, so every operator is sized in one decision, before its input
 has even grown.
@@ -30,6 +34,7 @@ class Rates:
     busy_ratio: float  # busy / (busy + idle), averaged over instances
     true_rate_per_instance: float | None  # records per busy second of one instance; None without busy time
     backlog: float  # source pending or kg lag at the end of the window
+    batch_cost_s: float = 0.0  # fitted fixed busy seconds per batch, left out of the true rate
 
 
 def window_rates(window: Sequence[Snapshot]) -> dict[str, Rates]:
@@ -46,6 +51,11 @@ def window_rates(window: Sequence[Snapshot]) -> dict[str, Rates]:
         records_in = max(0.0, end.records_in - start.records_in)
         busy = max(0.0, end.busy_s - start.busy_s)
         idle = max(0.0, end.idle_s - start.idle_s)
+        fit = cost_fit(start, end)
+        if fit is not None:
+            batch_cost, true_rate = fit[0], 1 / fit[1]
+        else:
+            batch_cost, true_rate = 0.0, records_in / busy if busy > 0.01 and records_in > 0 else None
         rates[op] = Rates(
             instances=end.instances,
             input_per_s=records_in / dt,
@@ -53,10 +63,37 @@ def window_rates(window: Sequence[Snapshot]) -> dict[str, Rates]:
             arrival_per_s=max(_arrival(start, end, dt), _arrival(previous.operators.get(op, start), end,
                                                                    last.time - previous.time)),
             busy_ratio=busy / (busy + idle) if busy + idle > 0 else 0.0,
-            true_rate_per_instance=records_in / busy if busy > 0.01 and records_in > 0 else None,
+            true_rate_per_instance=true_rate,
             backlog=end.pending + end.lag,
+            batch_cost_s=batch_cost,
         )
     return rates
+
+
+MIN_FIT_BATCHES = 10
+MIN_FIT_SPREAD = 0.1  # batch sizes' coefficient of variation below which the two costs cannot be told apart
+
+
+def cost_fit(start: OperatorCounters, end: OperatorCounters) -> tuple[float, float] | None:
+    """(fixed busy seconds per batch, busy seconds per record): least squares over the batches between two
+    snapshots, from the sums the workers export. None when there are too few batches, their sizes hardly
+    varied, or the fit is not physical (then records / busy is the honest, pessimistic rate)."""
+    n = end.batches - start.batches
+    if n < MIN_FIT_BATCHES:
+        return None
+    records = end.records_in - start.records_in
+    busy = end.busy_s - start.busy_s
+    squares = end.batch_records_sq - start.batch_records_sq
+    products = end.batch_records_busy - start.batch_records_busy
+    mean = records / n
+    variance = squares / n - mean * mean
+    if mean <= 0 or variance <= (MIN_FIT_SPREAD * mean) ** 2:
+        return None
+    per_record = (products / n - mean * busy / n) / variance
+    fixed = busy / n - per_record * mean
+    if per_record <= 0 or fixed < 0:
+        return None
+    return fixed, per_record
 
 
 def _arrival(start: OperatorCounters, end: OperatorCounters, dt: float) -> float:

@@ -28,6 +28,7 @@ def ds2_policy(
             continue
         target, rate, now = targets[info.name], rates[info.name], current[info.name]
         common = dict(target_rate=target.target_rate, true_rate_per_instance=target.true_rate_per_instance,
+                      batch_cost_s=rate.batch_cost_s,
                       input_rate=rate.input_per_s, utilization=rate.busy_ratio, backlog=rate.backlog)
         if target.parallelism is None:
             out.append(OperatorDecision(info.name, now, now, now, "ds2: no busy time in the window, kept", **common))

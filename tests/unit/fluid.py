@@ -20,6 +20,10 @@ class FluidJob:
     rate: float  # records arriving per second at the source
     true_rate: float = 1000.0  # the stage's records per busy second per instance
     selectivity: float = 1.0
+    # A fixed busy cost per batch (Spark's floor), paid by up to `batches_per_s` batches of each instance,
+    # half of them half and half of them one and a half times the average size.
+    batch_cost_s: float = 0.0
+    batches_per_s: float = 2.0
     # When scaling does not add capacity (a shared bottleneck), the true rate per instance shrinks.
     capacity_cap: float | None = None
     now: float = 0.0
@@ -50,16 +54,32 @@ class FluidJob:
             src.idle_s += dt - arrived / 1e6
             per_instance = self.stage_rate_per_instance()
             n = self.parallelism["stage"]
-            processed = min(stage.lag + arrived, n * per_instance * dt)
+            batches = n * self._batches_per_s(stage.lag + arrived, n * per_instance * dt) * dt
+            fixed = batches * self.batch_cost_s
+            processed = min(stage.lag + arrived, (n * dt - fixed) * per_instance)
+            busy = fixed + processed / per_instance
             stage.lag += arrived - processed
             stage.records_in += processed
             stage.records_out += processed * self.selectivity
-            stage.busy_s += processed / per_instance
-            stage.idle_s += n * dt - processed / per_instance
+            stage.busy_s += busy
+            stage.idle_s += n * dt - busy
+            if processed:
+                squares = batches * (processed / batches) ** 2 * (0.5**2 + 1.5**2) / 2
+                stage.batches += batches
+                stage.batch_records_sq += squares
+                stage.batch_records_busy += self.batch_cost_s * processed + squares / per_instance
             out = processed * self.selectivity
             sink.records_in += out
             sink.busy_s += out / 1e6
             sink.idle_s += dt - out / 1e6
+
+    def _batches_per_s(self, offered: float, capacity: float) -> float:
+        """Under load an instance's batches grow and come less often: at busy share rho of per-record time,
+        a batch lasts fixed / (1 - rho)."""
+        if not self.batch_cost_s:
+            return self.batches_per_s
+        rho = min(0.95, offered / capacity)
+        return min(self.batches_per_s, (1 - rho) / self.batch_cost_s)
 
     # --- ports -----------------------------------------------------------------
 

@@ -51,6 +51,33 @@ def test_true_rate_counts_busy_time_only():
     assert rates.busy_ratio == 0.25 and rates.backlog == 300
 
 
+def batches(sizes: list[int], fixed_s: float, per_record_s: float) -> OperatorCounters:
+    """The counters a worker exports after batches of these sizes, each costing fixed + per-record time."""
+    busy = [fixed_s + per_record_s * n for n in sizes]
+    return OperatorCounters(instances=1, records_in=sum(sizes), busy_s=sum(busy), batches=len(sizes),
+                            batch_records_sq=sum(n * n for n in sizes),
+                            batch_records_busy=sum(n * d for n, d in zip(sizes, busy)))
+
+
+def test_a_fixed_cost_per_batch_is_fitted_out_of_the_true_rate():
+    # 0.3 s per batch + 1 ms per record: 200-record batches take 0.5 s, i.e. 400 records per busy second,
+    # yet an instance given more load does close to 1,000 (its batches grow, the fixed cost does not).
+    window = [Snapshot(0, {"op": OperatorCounters(instances=1)}),
+              Snapshot(10, {"op": batches([100, 300] * 10, 0.3, 0.001)})]
+    rates = window_rates(window)["op"]
+    assert rates.true_rate_per_instance == pytest.approx(1000)
+    assert rates.batch_cost_s == pytest.approx(0.3)
+
+
+@pytest.mark.parametrize("sizes", [[200] * 20, [100, 300] * 4], ids=["equal sizes", "too few batches"])
+def test_without_a_usable_fit_the_true_rate_is_records_per_busy_second(sizes):
+    window = [Snapshot(0, {"op": OperatorCounters(instances=1)}),
+              Snapshot(10, {"op": batches(sizes, 0.3, 0.001)})]
+    rates = window_rates(window)["op"]
+    assert rates.true_rate_per_instance == pytest.approx(sum(sizes) / (0.3 * len(sizes) + 0.001 * sum(sizes)))
+    assert rates.batch_cost_s == 0
+
+
 def test_source_target_includes_backlog_growth_and_catch_up():
     a = Snapshot(0, {"src": OperatorCounters(records_in=0, pending=0, busy_s=0.0)})
     b = Snapshot(10, {"src": OperatorCounters(records_in=10_000, records_out=10_000, pending=6_000, busy_s=1)})
@@ -95,6 +122,18 @@ def test_ds2_reaches_the_optimum_in_one_decision_on_a_step_up():
     assert job.rescales[0] == ("stage", evenly_spread(optimum, 120, 1, 120)[0])
     assert len(decisions) == 1 and decisions[0].changes[0].rule == "ds2"
     assert "true rate 1,000 rec/s per instance" in decisions[0].changes[0].explain()
+
+
+def test_ds2_sizes_by_per_record_cost_when_batches_pay_a_fixed_cost():
+    """Counted as per-record time, 2 x 0.3 s of fixed cost per second would halve the true rate and DS2
+    would ask for twice the instances; fitted out, it asks for the optimum."""
+    job = FluidJob(rate=700, batch_cost_s=0.3)
+    scaler, _ = autoscaler(job)
+    run(job, scaler, 60)
+    job.rate = 2800
+    decisions = run(job, scaler, 120)
+    assert job.rescales[0] == ("stage", evenly_spread(2800 / (1000 * 0.8), 120, 1, 120)[0])
+    assert "fixed 300 ms per batch" in decisions[0].changes[0].explain()
 
 
 def test_reactive_climbs_one_instance_at_a_time():

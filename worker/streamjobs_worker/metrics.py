@@ -27,6 +27,12 @@ class WorkerMetrics:
         self.records_out = counter("streamjobs_records_out", "Records written by this instance (per edge).")
         self.busy_seconds = counter("streamjobs_busy_seconds", "Time spent processing batches with data.")
         self.idle_seconds = counter("streamjobs_idle_seconds", "Time spent waiting for input.")
+        # Sums over batches from which the autoscaler fits busy = fixed x batches + per_record x records.
+        self.batches = counter("streamjobs_batches", "Batches that carried records.")
+        self.batch_records_squared = counter("streamjobs_batch_records_squared", "Sum of records^2 per batch.")
+        self.batch_records_busy = counter(
+            "streamjobs_batch_records_busy_seconds", "Sum of records x busy seconds per batch."
+        )
         self.backpressured_seconds = counter(
             "streamjobs_backpressured_seconds", "Time a producer paused because downstream was over its bound."
         )
@@ -52,6 +58,12 @@ class WorkerMetrics:
             (*_LABELS, "input", "key_group"), registry=self.registry,
         )
         self._labels = labels
+
+    def count_batch(self, records: int, busy_s: float) -> None:
+        self.busy_seconds.inc(busy_s)
+        self.batches.inc()
+        self.batch_records_squared.inc(records * records)
+        self.batch_records_busy.inc(records * busy_s)
 
     def set_lag(self, upstream: str, kg: int, records: int) -> None:
         self.lag.labels(**self._labels, input=upstream, key_group=str(kg)).set(records)

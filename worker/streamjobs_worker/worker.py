@@ -140,7 +140,9 @@ class Worker:
             full = False
         else:
             if self.stage is not None:
-                time.sleep(max(0.0, self._next_batch_at - started))
+                pause = max(0.0, self._next_batch_at - started)
+                time.sleep(pause)
+                self.metrics.idle_seconds.inc(pause)
                 started = time.monotonic()
             batch = self.reader.read(self._entries_per_stream, self.plan.spec.batching.max_wait_ms)
             records, full = batch.records, batch.full
@@ -175,7 +177,7 @@ class Worker:
         # A source's wait for records to fall due is idle time: DS2's true rate counts only useful time.
         self.metrics.idle_seconds.inc(waited if records else elapsed)
         if records:
-            self.metrics.busy_seconds.inc(elapsed - waited)
+            self.metrics.count_batch(records, elapsed - waited)
             self.metrics.batch_duration.observe(elapsed)
         self._adapt(records, elapsed, full)
         if records and not full:
