@@ -12,6 +12,7 @@ from streamjobs_core.plan import read_assignment, write_assignment
 from streamjobs_core.rescale import HANDOVER, RescaleController, progress
 from streamjobs_worker.inputs import InputReader
 from streamjobs_worker.transaction import Checkpoint, Fenced, Transaction
+from streamjobs_worker.worker import Worker
 
 
 def write(r, plan, kg: int, values: list[int], watermark: int) -> None:
@@ -164,3 +165,32 @@ def test_a_stream_committed_at_its_marker_stays_parked_after_a_restart(r, plan):
     after = InputReader(r, plan, "agg", 0, (3,))
     after.restore()
     assert after.handovers() == {3: 1} and values(after.read(100, 0)) == []
+
+
+def test_a_worker_hands_a_key_group_over_at_its_marker_and_stops_reporting_its_lag(r, plan):
+    """Whole workers (the sink: no Spark): the old owner writes what precedes the marker, the new owner what
+    follows it, and the old owner's /metrics no longer shows the key group's lag (its new owner's now)."""
+    def put(kg: int, values: list[int]) -> None:
+        r.xadd(plan.keys.kg_stream("agg", "out", kg), encode(pa.table({"v": pa.array(values, pa.int64())}), 100,
+                                                               [(0, 11)]))
+        r.hincrby(plan.keys.produced("agg", "out"), str(kg), len(values))  # as the upstream's commit counts
+
+    def lag_sample(worker: Worker, kg: int) -> float | None:
+        return worker.metrics.registry.get_sample_value("streamjobs_kg_lag_records", {
+            "job": "ctl", "operator": "out", "instance": str(worker.instance), "input": "agg", "key_group": str(kg)})
+
+    put(3, [1, 2])
+    old = Worker(r, plan, "out", 0)
+    old.restore()
+    old.step()
+    assert lag_sample(old, 3) == 0 and lag_sample(old, 2) == 0
+    handover.start(r, plan, "out", [Move(3, 0, 1)])
+    put(3, [3])
+    old.step()
+    assert 3 not in old.owned and lag_sample(old, 3) is None and lag_sample(old, 2) == 0
+    new = Worker(r, plan, "out", 1)
+    new.restore()
+    new.step()
+    assert new.owned == (3,)
+    written = [int(f[b"v"]) for _, f in r.xrange(plan.keys.output_stream("out"))]
+    assert sorted(written) == [1, 2, 3]

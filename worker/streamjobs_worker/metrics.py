@@ -68,6 +68,10 @@ class WorkerMetrics:
     def set_lag(self, upstream: str, kg: int, records: int) -> None:
         self.lag.labels(**self._labels, input=upstream, key_group=str(kg)).set(records)
 
+    def drop_lag(self, upstream: str, kg: int) -> None:
+        """A released key group's lag is its new owner's to report."""
+        self.lag.remove(*self._labels.values(), upstream, str(kg))
+
     def serve(self, host: str = "127.0.0.1", port: int = 0) -> int:
         server, _ = start_http_server(port, addr=host, registry=self.registry)
         return server.server_port

@@ -198,6 +198,8 @@ class Worker:
                 self.source.release(kg)
             else:
                 self.reader.release(kg)
+                for edge in self.plan.edges_in(self.op):
+                    self.metrics.drop_lag(edge.upstream, kg)
             if self.stage is not None:
                 self.stage.release(kg)
             self.store.release(kg)
