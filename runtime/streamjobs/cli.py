@@ -120,7 +120,7 @@ def _bench(args) -> int:
         from .bench import rescale
 
         png = str(Path(args.json).with_suffix(".png")) if args.json else None
-        measured = rescale.run(args.quick, args.state_mb, png)
+        measured = rescale.run(args.quick, args.state_mb, png, args.strategy)
     else:
         measured = throughput.run(args.quick)
     result = {"bench": args.name, "quick": args.quick, **measured}
@@ -170,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("name", choices=["throughput", "autoscale", "rescale"])
     bench.add_argument("--scenario", action="append", default=None,
                        help="autoscale: run only this load profile (repeatable)")
+    bench.add_argument("--strategy", action="append", default=None, choices=STRATEGIES,
+                       help="rescale: measure only this strategy (repeatable; default all)")
     bench.add_argument("--quick", action="store_true", help="a run of a few minutes")
     bench.add_argument("--state-mb", type=float, default=None,
                        help="rescale: the large state for handover_growth (default 500, --quick 200)")
