@@ -21,6 +21,7 @@ import redis
 from streamjobs_core.plan import JobPlan, read_assignment
 
 from . import recovery, spark
+from .rehearsal import rehearse
 from .state import KeyGroupStore, open_store
 
 SPARK_OPERATOR_TYPES = ("sql", "pyspark", "window_aggregate", "stateful", "parquet")
@@ -49,6 +50,7 @@ def await_epoch(
     spec = plan.spec.operator(op)
     if spec.type in SPARK_OPERATOR_TYPES:
         spark.session()
+        rehearse(r, plan, op)
     keys = plan.keys
     prestaged = None
     upcoming = read_assignment(r, keys, op, upcoming=True)

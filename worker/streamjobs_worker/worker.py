@@ -30,6 +30,7 @@ from . import poison, recovery
 from .inputs import InputBatch, InputReader
 from .metrics import WorkerMetrics
 from .outputs import OutputRouter
+from .rehearsal import rehearse
 from .sinks import make_sink
 from .sources import make_source
 from .stages import make_stage
@@ -78,6 +79,8 @@ class Worker:
             self.stage = make_stage(self.spec, self.store, plan.spec.max_parallelism)
         self.sink = make_sink(plan, op, instance) if self.is_sink else None
         self.router = OutputRouter(plan, op, runs(self.owned)) if plan.edges_out(op) else None
+        if self.stage is not None and prestaged is None:  # a standby rehearsed while it waited
+            rehearse(r, plan, op)
         # Registering the endpoint tells the runtime this instance is ready (Spark is up).
         port = self.metrics.serve(host=metrics_host, port=metrics_port)
         # In a pod the server listens on every interface; others reach it at the pod's IP.

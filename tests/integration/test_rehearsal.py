@@ -1,0 +1,36 @@
+"""A new instance rehearses its stage on records peeked from its input streams before it says it is ready:
+the stage's own query runs once, and nothing in Redis changes (no offset, no state, no output)."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+from streamjobs_core.codec import encode
+from streamjobs_worker.rehearsal import rehearse
+
+
+def put(r, plan, kg: int, table: pa.Table) -> None:
+    r.xadd(plan.keys.kg_stream("src", "agg", kg), encode(table, 100, [(0, 11)]))
+
+
+def words(*ws: str) -> pa.Table:
+    n = len(ws)
+    return pa.table({"word": list(ws), "event_time": pa.array([1_000] * n, pa.int64()),
+                     "_ingest_ms": pa.array([1_000] * n, pa.int64())})
+
+
+def test_a_rehearsal_runs_the_stage_query_on_sampled_records_and_changes_nothing(r, plan, spark):
+    put(r, plan, 3, words("a", "b"))
+    put(r, plan, 7, words("c"))
+    before = {key: r.dump(key) for key in r.keys("*")}
+    tracker = spark.sparkContext.statusTracker()
+    jobs = len(tracker.getJobIdsForGroup())
+    assert rehearse(r, plan, "agg") == 3
+    assert len(tracker.getJobIdsForGroup()) > jobs  # Spark ran the window's partial query
+    assert {key: r.dump(key) for key in r.keys("*")} == before
+
+
+def test_nothing_to_rehearse_on_empty_streams_and_a_failed_rehearsal_is_only_logged(r, plan, spark):
+    assert rehearse(r, plan, "agg") == 0
+    put(r, plan, 3, pa.table({"not_the_key": [1]}))  # the query cannot resolve `word`
+    assert rehearse(r, plan, "agg") == 0
+    assert rehearse(r, plan, "out") == 0  # a sink runs no stage query
