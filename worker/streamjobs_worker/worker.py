@@ -99,7 +99,8 @@ class Worker:
         self._last_control = 0.0
         self._last_backpressure_check = 0.0
         self._next_batch_at = 0.0
-        self._over_bound = False
+        self._edge_lag = 0  # the largest produced - consumed over the output edges, last read
+        self._written_since_check = 0
         self._last_handover_poll = 0.0
         self._release_requests: dict[int, int] = {}  # source partition -> new owner
 
@@ -156,6 +157,7 @@ class Worker:
         if self.router is not None:
             written = self.router.route(output, watermark, txn, time.time())
             self.metrics.records_out.inc(written)
+            self._written_since_check += written
         if self.is_sink and watermark == MAX_WATERMARK and not self._done:
             txn.sadds.append((self.plan.keys.done(self.op), str(self.instance)))
             self._done = True
@@ -249,16 +251,22 @@ class Worker:
         self.metrics.owned_key_groups.set(len(owned))
 
     def _backpressured(self) -> bool:
-        """Whether an output edge holds more unconsumed records than the bound (checked every 0.2 s)."""
+        """Whether an output edge holds more unconsumed records than the bound.
+
+        Consumers only lower an edge's lag, so while the last reading plus what this instance wrote since
+        stays under the bound the edges need no read; past it they are read before every batch, so that
+        the edge overshoots by one batch at most. The 0.2 s reread sees what other instances wrote.
+        """
         if self.router is None or self._done:
             return False
+        bound = self.plan.spec.batching.max_lag_records
         now = time.monotonic()
-        if now - self._last_backpressure_check >= 0.2:
+        if self._edge_lag + self._written_since_check > bound or now - self._last_backpressure_check >= 0.2:
             self._last_backpressure_check = now
             totals = edge_totals(self.r, self.plan.keys, self.plan.edges_out(self.op))
-            lag = max(produced - consumed for produced, consumed in totals)
-            self._over_bound = lag > self.plan.spec.batching.max_lag_records
-        return self._over_bound
+            self._edge_lag = max(produced - consumed for produced, consumed in totals)
+            self._written_since_check = 0
+        return self._edge_lag > bound
 
     def _poll_source(self, txn: Transaction):
         now = time.time()
