@@ -390,6 +390,10 @@ class RescaleSettings(_Model):
 class RedisSettings(_Model):
     url: str | None = Field(None, description="redis:// or rediss:// URL; default: the runtime's own Redis.")
     password_secret: str | None = Field(None, description="Kubernetes Secret holding key 'password'.")
+    ca_secret: str | None = Field(
+        None, description="Kubernetes Secret holding key 'ca.crt': the CA that signed a rediss:// server's "
+        "certificate; mounted into the workers, who then verify the server against it.",
+    )
     cluster: bool = False
 
 

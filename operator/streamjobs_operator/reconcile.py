@@ -7,7 +7,6 @@ restart interrupted.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -94,7 +93,7 @@ def deploy(ctx: JobContext, body: Any) -> str:
     """
     job, owner, kube = ctx.job, ctx.owner, ctx.kube
     target = ctx.target
-    annotation = json.dumps({"url": target.url, "passwordSecret": target.password_secret})
+    annotation = target.annotation()
     if ((body.get("metadata") or {}).get("annotations") or {}).get(REDIS_ANNOTATION) != annotation:
         kube.patch("streamjobs", owner.namespace, owner.name, {"metadata": {"annotations": {REDIS_ANNOTATION: annotation}}})
     with ctx.redis(target) as r:
@@ -222,12 +221,11 @@ def cleanup(owner: Owner, body: Any, kube: Kube, timeout_s: float) -> int:
     raw = ((body.get("metadata") or {}).get("annotations") or {}).get(REDIS_ANNOTATION)
     if raw is None:
         return 0  # never deployed (e.g. invalid from the start): nothing in Redis
-    data = json.loads(raw)
     fleet = KubernetesFleet(kube, owner, lambda *a: {}, timeout_s=timeout_s)
     for sts in fleet.statefulsets():
         kube.delete("statefulsets", owner.namespace, sts["metadata"]["name"])
     fleet.wait_gone(None, lambda pod: True)
-    target = RedisTarget(data["url"], data.get("passwordSecret"))
+    target = RedisTarget.from_annotation(raw)
     r = store.open_redis(kube, owner.namespace, target)
     try:
         return store.clear(r, JobKeys(owner.name))

@@ -11,8 +11,9 @@ recreated to change the parallelism.
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from streamjobs_core.spec import API_VERSION, KIND
 
@@ -25,6 +26,7 @@ LABEL_EPOCH = "streamjobs.dev/epoch"
 POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"
 METRICS_PORT = 9100
 PASSWORD_ENV = "STREAMJOBS_REDIS_PASSWORD"
+CA_MOUNT, CA_KEY = "/etc/streamjobs-redis-ca", "ca.crt"
 # A StatefulSet's pods carry `controller-revision-hash: <name>-<10 chars>`, a label value of at most 63.
 _STATEFULSET_NAME_MAX = 52
 
@@ -52,6 +54,16 @@ class Owner:
 class RedisTarget:
     url: str
     password_secret: str | None = None
+    ca_secret: str | None = None
+
+    def annotation(self) -> str:
+        """What the finalizer needs to reach the job's Redis after the spec changed or went invalid."""
+        return json.dumps({"url": self.url, "passwordSecret": self.password_secret, "caSecret": self.ca_secret})
+
+    @classmethod
+    def from_annotation(cls, raw: str) -> RedisTarget:
+        data = json.loads(raw)
+        return cls(data["url"], data.get("passwordSecret"), data.get("caSecret"))
 
 
 def _fit(name: str, limit: int) -> str:
@@ -96,13 +108,22 @@ def with_password(url: str, password: str) -> str:
     return urlunsplit(parts._replace(netloc=f":{password}@{parts.netloc}"))
 
 
+def with_ca(url: str, ca_file: str) -> str:
+    """The URL verifying the server's certificate against the CA in `ca_file`."""
+    parts = urlsplit(url)
+    query = dict(parse_qsl(parts.query))
+    query.update(ssl_ca_certs=ca_file, ssl_cert_reqs="required")
+    return urlunsplit(parts._replace(query=urlencode(query, safe="/")))
+
+
 def redis_env(redis: RedisTarget) -> list[dict]:
+    url = redis.url if redis.ca_secret is None else with_ca(redis.url, f"{CA_MOUNT}/{CA_KEY}")
     if redis.password_secret is None:
-        return [{"name": "STREAMJOBS_REDIS_URL", "value": redis.url}]
+        return [{"name": "STREAMJOBS_REDIS_URL", "value": url}]
     # The kubelet expands $(VAR) from earlier entries, so the password never appears in the pod spec.
     return [
         {"name": PASSWORD_ENV, "valueFrom": {"secretKeyRef": {"name": redis.password_secret, "key": "password"}}},
-        {"name": "STREAMJOBS_REDIS_URL", "value": with_password(redis.url, f"$({PASSWORD_ENV})")},
+        {"name": "STREAMJOBS_REDIS_URL", "value": with_password(url, f"$({PASSWORD_ENV})")},
     ]
 
 
@@ -139,6 +160,8 @@ def statefulset(owner: Owner, op: str, epoch: int, replicas: int, *, standby: bo
                             "capabilities": {"drop": ["ALL"]}},
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, {"name": "plan", "mountPath": "/etc/streamjobs"}],
     }
+    if redis.ca_secret is not None:
+        container["volumeMounts"].append({"name": "redis-ca", "mountPath": CA_MOUNT, "readOnly": True})
     pod_spec = {
         "containers": [container],
         # A worker stops after its last commit on SIGTERM; a batch takes about a second.
@@ -148,6 +171,9 @@ def statefulset(owner: Owner, op: str, epoch: int, replicas: int, *, standby: bo
         "volumes": [{"name": "tmp", "emptyDir": {}},
                     {"name": "plan", "configMap": {"name": configmap_name(owner.name)}}],
     }
+    if redis.ca_secret is not None:
+        pod_spec["volumes"].append({"name": "redis-ca", "secret": {
+            "secretName": redis.ca_secret, "items": [{"key": CA_KEY, "path": CA_KEY}]}})
     if settings.worker_service_account:
         pod_spec["serviceAccountName"] = settings.worker_service_account
     pod_spec["automountServiceAccountToken"] = False

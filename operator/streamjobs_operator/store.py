@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
+import tempfile
 import time
+from pathlib import Path
 from urllib.parse import quote
 
 from streamjobs_core.connect import connect
@@ -12,7 +15,7 @@ from streamjobs_core.spec import StreamJob
 
 from .config import Settings
 from .kube import Kube
-from .resources import RedisTarget, with_password
+from .resources import CA_KEY, RedisTarget, with_ca, with_password
 
 
 class NoRedis(LookupError):
@@ -26,15 +29,25 @@ def redis_target(job: StreamJob, settings: Settings) -> RedisTarget:
         raise NoRedis("spec.redis.url: no Redis URL, and the operator has no default (STREAMJOBS_DEFAULT_REDIS_URL)")
     if redis.cluster and "cluster=" not in url:
         url += ("&" if "?" in url else "?") + "cluster=1"
-    return RedisTarget(url, redis.password_secret)
+    return RedisTarget(url, redis.password_secret, redis.ca_secret)
 
 
 def open_redis(kube: Kube, namespace: str, target: RedisTarget):
     url = target.url
+    if target.ca_secret:
+        url = with_ca(url, _ca_file(kube.secret_value(namespace, target.ca_secret, CA_KEY)))
     if target.password_secret:
         password = kube.secret_value(namespace, target.password_secret, "password")
         url = with_password(url, quote(password, safe=""))
     return connect(url)
+
+
+def _ca_file(pem: str) -> str:
+    """The CA in a file, as the TLS client wants it; one file per distinct CA (the root fs is read-only)."""
+    path = Path(tempfile.gettempdir()) / f"streamjobs-redis-ca-{hashlib.sha256(pem.encode()).hexdigest()[:16]}.crt"
+    if not path.exists():
+        path.write_text(pem)
+    return str(path)
 
 
 def _owner_key(keys: JobKeys) -> str:

@@ -91,8 +91,10 @@ class LocalRuntime:
     def _popen(self, op: str, index: int, *extra: str) -> subprocess.Popen:
         with open(self.log_dir / f"{op}-{index}.log", "ab") as log:
             return subprocess.Popen(
-                [sys.executable, "-m", "streamjobs_worker", "--redis-url", self.redis_url, "--job",
-                 self.job.metadata.name, "--operator", op, "--instance", str(index), *extra],
+                [sys.executable, "-m", "streamjobs_worker", "--job", self.job.metadata.name, "--operator", op,
+                 "--instance", str(index), *extra],
+                # In the environment, not the command line: a password in the URL stays out of `ps`.
+                env={**os.environ, "STREAMJOBS_REDIS_URL": self.redis_url},
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent,
             )
 

@@ -42,6 +42,31 @@ def test_the_redis_password_comes_from_the_secret_through_the_kubelet_expansion(
     assert resources.with_password("redis://u:p@h:1", "x") == "redis://u:p@h:1"  # explicit credentials win
 
 
+def test_a_ca_secret_is_mounted_read_only_and_the_workers_verify_the_server_against_it():
+    target = resources.RedisTarget("rediss://redis:6380/0", password_secret="auth", ca_secret="redis-ca")
+    sts = resources.statefulset(OWNER, "count", 1, 2, standby=False, redis=target, settings=Settings())
+    pod = sts["spec"]["template"]["spec"]
+    assert {"name": "redis-ca", "secret": {"secretName": "redis-ca", "items": [{"key": "ca.crt", "path": "ca.crt"}]}} \
+        in pod["volumes"]
+    mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "redis-ca")
+    assert mount == {"name": "redis-ca", "mountPath": "/etc/streamjobs-redis-ca", "readOnly": True}
+    url = next(e["value"] for e in pod["containers"][0]["env"] if e["name"] == "STREAMJOBS_REDIS_URL")
+    assert url == ("rediss://:$(STREAMJOBS_REDIS_PASSWORD)@redis:6380/0"
+                   "?ssl_ca_certs=/etc/streamjobs-redis-ca/ca.crt&ssl_cert_reqs=required")
+    # Without a CA secret nothing is mounted and the URL is the spec's.
+    plain = resources.statefulset(OWNER, "count", 1, 2, standby=False, redis=resources.RedisTarget("redis://r"),
+                                  settings=Settings())["spec"]["template"]["spec"]
+    assert all(v["name"] != "redis-ca" for v in plain["volumes"])
+
+
+def test_the_finalizer_reaches_redis_through_the_annotation_with_its_secrets():
+    target = resources.RedisTarget("rediss://r:6380", password_secret="auth", ca_secret="ca")
+    assert resources.RedisTarget.from_annotation(target.annotation()) == target
+    # Annotations written before caSecret existed still read.
+    assert resources.RedisTarget.from_annotation('{"url": "redis://r", "passwordSecret": null}') == \
+        resources.RedisTarget("redis://r")
+
+
 def test_long_names_are_shortened_to_valid_lengths_and_stay_distinct():
     job, op = "j" * 40, "o" * 40
     names = {resources.statefulset_name(job, op, e) for e in (1, 2)}
