@@ -23,6 +23,7 @@ class OperatorCounters:
     instances: int = 0
     records_in: float = 0.0
     records_out: float = 0.0
+    shed: float = 0.0  # records a source dropped (load shedding)
     busy_s: float = 0.0
     idle_s: float = 0.0
     batches: float = 0.0  # batches that carried records, and two sums over them for the cost fit:
@@ -47,6 +48,7 @@ class Collector(Protocol):
 _SUMMED = {
     "streamjobs_records_in_total": "records_in",
     "streamjobs_records_out_total": "records_out",
+    "streamjobs_shed_records_total": "shed",
     "streamjobs_busy_seconds_total": "busy_s",
     "streamjobs_idle_seconds_total": "idle_s",
     "streamjobs_batches_total": "batches",

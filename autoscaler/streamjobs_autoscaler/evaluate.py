@@ -59,7 +59,8 @@ def window_rates(window: Sequence[Snapshot]) -> dict[str, Rates]:
         rates[op] = Rates(
             instances=end.instances,
             input_per_s=records_in / dt,
-            output_per_s=max(0.0, end.records_out - start.records_out) / dt,
+            # Shed records count as output: DS2 sizes the job for the load offered, not for what shedding left.
+            output_per_s=max(0.0, end.records_out + end.shed - start.records_out - start.shed) / dt,
             arrival_per_s=max(_arrival(start, end, dt), _arrival(previous.operators.get(op, start), end,
                                                                    last.time - previous.time)),
             busy_ratio=busy / (busy + idle) if busy + idle > 0 else 0.0,

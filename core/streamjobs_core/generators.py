@@ -202,6 +202,10 @@ def _indices(g: np.ndarray) -> np.ndarray:
 # --- records ---------------------------------------------------------------
 
 
+def schema(spec: GeneratorSource) -> pa.Schema:
+    return NEXMARK_SCHEMA if isinstance(spec, NexmarkSource) else ZIPF_SCHEMA
+
+
 def generate(spec: GeneratorSource, t0_ms: int, g: np.ndarray) -> pa.Table:
     """The records with global indices g, in the order of g."""
     g = _indices(g)

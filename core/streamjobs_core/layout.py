@@ -38,6 +38,16 @@ class JobKeys:
     def dead_letter(self) -> str:
         return f"{self.prefix}:dlq"
 
+    @property
+    def shed(self) -> str:
+        """One entry per batch a source shed records from (see shedding.py)."""
+        return f"{self.prefix}:shed"
+
+    @property
+    def shed_totals(self) -> str:
+        """Per source operator: records shed, all time (the shed stream is capped)."""
+        return f"{self.prefix}:shed-total"
+
     def assignment(self, op: str) -> str:
         return f"{self.prefix}:assign:{op}"
 

@@ -94,6 +94,20 @@ class _Operator(_Model):
         return _dns_label(value)
 
 
+class LoadShedding(_Model):
+    """Shed at the source while its backlog is over a bound: counted in metrics, logged per batch in the
+    job's shed stream and reported; off unless set."""
+
+    max_backlog_records: int = Field(
+        ge=1, description="Shed while more records than this are due at the source and not yet emitted."
+    )
+    fraction: float = Field(0.5, gt=0, le=1, description="Share of each batch dropped while shedding.")
+    priority_field: str | None = Field(
+        None, description="Drop the records with the lowest values of this column first (nulls lowest); "
+        "default: a random choice.",
+    )
+
+
 class _GeneratorSource(_Operator):
     seed: int = 42
     rate: RateProfile = RateProfile()
@@ -101,6 +115,18 @@ class _GeneratorSource(_Operator):
         0, ge=0, le=60_000, description="Event times lag emission by up to this bound; also the watermark delay."
     )
     total_records: int | None = Field(None, ge=1, description="Stop after this many records (all partitions).")
+    load_shedding: LoadShedding | None = None
+
+    @model_validator(mode="after")
+    def _priority_column(self) -> _GeneratorSource:
+        field = self.load_shedding.priority_field if self.load_shedding else None
+        if field is not None:
+            from .generators import schema  # generators builds on this module's source types
+
+            if field not in schema(self).names:
+                raise ValueError(f"loadShedding.priorityField: {self.type} records have no column {field!r} "
+                                 f"(they have {', '.join(schema(self).names)})")
+        return self
 
 
 class NexmarkSource(_GeneratorSource):

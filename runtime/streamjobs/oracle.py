@@ -17,7 +17,7 @@ import numpy as np
 import redis
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from streamjobs_core import generators
+from streamjobs_core import generators, shedding
 from streamjobs_core.plan import JobPlan
 from streamjobs_worker.stages import load_function, view_name
 
@@ -33,7 +33,28 @@ def source_input(r: redis.Redis, plan: JobPlan, op: str):
     offsets = r.hgetall(plan.keys.offsets(op))
     parts = [generators.global_indices(p, count, 0, int(offsets.get(f"p{p}".encode(), 0))) for p in range(count)]
     indices = np.sort(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
+    if spec.load_shedding is not None:
+        indices = np.setdiff1d(indices, shed_indices(r, plan, op), assume_unique=True)
     return generators.generate(spec, plan.t0_ms, indices)
+
+
+def shed_indices(r: redis.Redis, plan: JobPlan, op: str) -> np.ndarray:
+    """The global indices of the records a source shed: each logged batch regenerated, the choice repeated."""
+    spec = plan.spec.operator(op)
+    count = plan.key_groups(op)
+    logged = [(shed, ranges) for name, shed, ranges in shedding.read_log(r, plan.keys.shed) if name == op]
+    total = int(r.hget(plan.keys.shed_totals, op) or 0)
+    if sum(shed for shed, _ in logged) != total:
+        raise ValueError(f"{op}: the shed log holds {sum(s for s, _ in logged)} of {total} records shed "
+                         "(trimmed): the run's input cannot be reproduced")
+    shed_parts = []
+    for shed, ranges in logged:
+        g = np.concatenate([generators.global_indices(p, count, start, end) for p, start, end in ranges])
+        mask = shedding.shed_mask(generators.generate(spec, plan.t0_ms, g), spec.load_shedding, ranges)
+        if int(mask.sum()) != shed:
+            raise ValueError(f"{op}: a logged batch shed {shed} records, the same choice now sheds {mask.sum()}")
+        shed_parts.append(g[mask])
+    return np.concatenate(shed_parts) if shed_parts else np.zeros(0, dtype=np.int64)
 
 
 def _window(df: DataFrame, spec) -> DataFrame:

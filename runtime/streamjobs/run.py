@@ -72,6 +72,7 @@ def run_job(
                 latency_samples(runtime.r, runtime.keys, (started_ms + stopped_ms) // 2, stopped_ms)
             ),
             "dead_letters": int(runtime.r.xlen(runtime.keys.dead_letter)),
+            "shed": {op.decode(): int(n) for op, n in runtime.r.hgetall(runtime.keys.shed_totals).items()},
             "rescales": [json.loads(x) for x in runtime.r.lrange(runtime.keys.rescale_history, 0, -1)],
             "autoscaler": {
                 "policy": job.spec.autoscaler.policy,
@@ -129,6 +130,8 @@ def _verify(runtime: LocalRuntime, drained: bool) -> dict:
 
 def _summary(console: Console, result: dict) -> None:
     console.print_json(json.dumps({k: result[k] for k in ("operators", "sinks", "latency_ms")}))
+    for op, shed in result["shed"].items():
+        console.print(f"load shedding: source {op} dropped {shed:,} records (each batch logged in the shed stream)")
     verification = result.get("verification")
     if verification:
         console.print(

@@ -38,6 +38,9 @@ class WorkerMetrics:
         )
         self.late_records = counter("streamjobs_late_records", "Records dropped as later than allowed.")
         self.dead_letters = counter("streamjobs_dead_letters", "Records sent to the dead-letter stream.")
+        self.shed_records = counter(
+            "streamjobs_shed_records", "Records a source dropped while its backlog was over loadShedding's bound."
+        )
         self.batch_duration = Histogram(
             "streamjobs_batch_duration_seconds", "Duration of a micro-batch, read to commit.", _LABELS,
             registry=self.registry,

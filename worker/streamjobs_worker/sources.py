@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import redis
-from streamjobs_core import generators
+from streamjobs_core import generators, shedding
 from streamjobs_core.generators import MAX_WATERMARK
 from streamjobs_core.plan import JobPlan
 from streamjobs_core.spec import RedisStreamSource
@@ -73,6 +73,7 @@ class GeneratorSource(_PartitionedSource):
         self.behind = False  # the last poll left due records for the next one
         self.pending = 0  # records due and not yet emitted: the autoscaler's view of the source's backlog
         self.bad: list[tuple[str, bytes, str, dict]] = []  # generated records are never undecodable
+        self.ranges: shedding.Ranges = []  # the last poll's records: what a shed log entry names
 
     def _resume(self, partition: int, offset: bytes | None, mark: bytes | None) -> None:
         self._next[partition] = 0 if offset is None else int(offset)  # the watermark follows from the offsets
@@ -85,6 +86,7 @@ class GeneratorSource(_PartitionedSource):
         self._stopped |= stop_requested
         elapsed = now - self._plan.t0_ms / 1000
         parts = []
+        self.ranges = []
         self.behind = False
         self.pending = 0
         if not self._stopped:
@@ -97,6 +99,7 @@ class GeneratorSource(_PartitionedSource):
                 self.pending += due - end
                 if end > self._next[p]:
                     parts.append(generators.global_indices(p, self._count, self._next[p], end))
+                    self.ranges.append((p, self._next[p], end))
                     self._next[p] = end
                     self._moved.add(p)
         table = None

@@ -20,8 +20,9 @@ import threading
 import time
 
 import msgpack
+import pyarrow as pa
 import redis
-from streamjobs_core import handover
+from streamjobs_core import handover, shedding
 from streamjobs_core.generators import MAX_WATERMARK
 from streamjobs_core.keygroups import runs
 from streamjobs_core.plan import JobPlan, edge_totals, read_assignment
@@ -274,6 +275,10 @@ class Worker:
             self._stop_requested = self.r.hget(self.plan.keys.control, "stop") is not None
             self._last_control = now
         table, watermark = self.source.poll(self._source_budget, now, self._stop_requested)
+        polled = table.num_rows if table is not None else 0
+        shedding_spec = getattr(self.spec, "load_shedding", None)
+        if polled and shedding_spec is not None and self.source.pending > shedding_spec.max_backlog_records:
+            table = self._shed(table, shedding_spec, txn)
         self.source.stage(txn)
         for stream, entry_id, error, record in self.source.bad:
             self._dead_letter_one(txn, stream, entry_id, error, json.dumps(record))
@@ -283,7 +288,19 @@ class Worker:
             # Not behind: gather a tick's worth of records per commit rather than a few per loop.
             waited = max(0.0, _SOURCE_TICK_S - (time.time() - now))
             time.sleep(waited)
-        return (table.num_rows if table is not None else 0), table, watermark, waited
+        return polled, table, watermark, waited
+
+    def _shed(self, table: pa.Table, shedding_spec, txn: Transaction) -> pa.Table:
+        """Drop part of the batch; logged with the offsets it commits with, so it is never silent and an
+        oracle repeats the choice."""
+        mask = shedding.shed_mask(table, shedding_spec, self.source.ranges)
+        shed = int(mask.sum())
+        if shed:
+            txn.xadd(self.plan.keys.shed, shedding.log_entry(self.op, shed, table.num_rows - shed, self.source.ranges),
+                     100_000)
+            txn.hincrby(self.plan.keys.shed_totals, self.op, shed)
+            self.metrics.shed_records.inc(shed)
+        return table.filter(pa.array(~mask)) if shed < table.num_rows else None
 
     def _process(self, batch: InputBatch, watermark: int, txn: Transaction):
         if self.spec.simulated_cost_us and batch.records:

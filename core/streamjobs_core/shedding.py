@@ -1,0 +1,48 @@
+"""Load shedding at a source: which records of a batch are dropped while the source's backlog is over
+its bound (`loadShedding` in a source's spec; off unless set).
+
+Shedding is never silent: each shedding batch is logged in the job's shed stream, in the same commit
+as the source's offsets, with how many records it dropped and, for generator sources, the batch's
+partition ranges. The choice of records is a pure function of the batch (its rows and ranges), so
+the oracle regenerates a logged batch, repeats the choice and expects exactly the records kept.
+"""
+
+from __future__ import annotations
+
+import msgpack
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .spec import LoadShedding
+
+Ranges = list[tuple[int, int, int]]  # (partition, first local index, end) of a generator source's batch
+
+
+def shed_mask(table: pa.Table, shedding: LoadShedding, ranges: Ranges) -> np.ndarray:
+    """True for each row to drop: round(fraction x rows) of them, the lowest priorities first (ties and
+    nulls: earlier rows, nulls lowest) or, without a priority field, drawn by a generator seeded with the
+    batch's ranges (random, yet the same for the same batch)."""
+    rows = table.num_rows
+    shed = round(rows * shedding.fraction)
+    mask = np.zeros(rows, dtype=bool)
+    if shed == 0:
+        return mask
+    if shedding.priority_field is not None:
+        order = pc.sort_indices(table.select([shedding.priority_field]),
+                                sort_keys=[(shedding.priority_field, "ascending", "at_start")])
+        mask[order.to_numpy()[:shed]] = True
+    else:
+        seed = [rows, *(value for batch_range in ranges for value in batch_range)]
+        mask[np.random.default_rng(seed).choice(rows, shed, replace=False)] = True
+    return mask
+
+
+def log_entry(op: str, shed: int, kept: int, ranges: Ranges) -> dict:
+    return {"operator": op, "shed": shed, "kept": kept, "ranges": msgpack.packb(ranges)}
+
+
+def read_log(r, key: str) -> list[tuple[str, int, Ranges]]:
+    """(operator, records shed, ranges) of every logged shedding batch, oldest first."""
+    return [(fields[b"operator"].decode(), int(fields[b"shed"]), [tuple(x) for x in msgpack.unpackb(fields[b"ranges"])])
+            for _, fields in r.xrange(key)]
