@@ -132,6 +132,25 @@ def _bench(args) -> int:
     return 0
 
 
+def _chaos(args) -> int:
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from . import chaos
+
+    duration, kills = chaos.QUICK if args.quick else chaos.FULL
+    progress = Console(stderr=True, force_terminal=False)  # the run's lines; the JSON alone goes to stdout
+    result = {"chaos": True, "quick": args.quick, **chaos.run(duration, kills, args.seed, console=progress)}
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(text)
+    ok = result["lost"] == 0 and result["duplicated"] == 0 and result["correct"] is True
+    return 0 if ok else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="streamjobs", description="Elastic, stateful stream jobs.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -177,6 +196,13 @@ def main(argv: list[str] | None = None) -> int:
                        help="rescale: the large state for handover_growth (default 500, --quick 200)")
     bench.add_argument("--json", default=None, help="write the results here")
     bench.set_defaults(func=_bench)
+
+    chaos = sub.add_parser("chaos", help="a NEXMark job through worker SIGKILLs, a controller death and a Redis "
+                           "restart, verified against the oracle")
+    chaos.add_argument("--quick", action="store_true", help="4 minutes and 20 kills (else 10 minutes, 40 kills)")
+    chaos.add_argument("--seed", type=int, default=1, help="the faults' random choices")
+    chaos.add_argument("--json", default=None, help="write the results here")
+    chaos.set_defaults(func=_chaos)
 
     args = parser.parse_args(argv)
     return int(args.func(args) or 0)

@@ -164,6 +164,15 @@ class LocalRuntime:
         self.parallelism[op] = parallelism
         return record
 
+    def resume_rescale(self) -> dict | None:
+        """Finish (or roll back) a rescale whose controller died mid-way, as a restarted operator does."""
+        controller = self.controller()
+        if controller.current() is None:
+            return None
+        record = controller.resume()
+        self.parallelism[record["operator"]] = record["from" if record.get("phase") == "ROLLED_BACK" else "to"]
+        return record
+
     def controller(self) -> RescaleController:
         # Waiting inside a rescale still supervises: an old owner or a standby that dies is restarted.
         return RescaleController(self.r, self.plan, self, standby_timeout_s=self.ready_timeout_s,

@@ -61,6 +61,14 @@ class RedisServer:
                     raise RuntimeError(f"redis-server did not start on port {self.port}") from None
                 time.sleep(0.05)
 
+    def restart(self) -> None:
+        """SIGKILL the server and start it again on the same port and directory: with `appendonly` it
+        comes back with every write it acknowledged (under `--appendfsync always`)."""
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+        self.start()
+
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
             self.process.terminate()

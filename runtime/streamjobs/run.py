@@ -9,6 +9,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import redis
 from rich.console import Console
 from rich.live import Live
 from streamjobs_core.spec import StreamJob
@@ -90,6 +91,7 @@ def run_job(
         _summary(console, result)
         return result
 
+
 def _run_live(runtime, view, console, duration_s, during, started, autoscaler) -> bool:
     deadline = None if duration_s is None else started + duration_s
     live_table = console.is_terminal
@@ -97,17 +99,17 @@ def _run_live(runtime, view, console, duration_s, during, started, autoscaler) -
     try:
         with Live(console=console, refresh_per_second=2, transient=False) if live_table else contextlib.nullcontext() as live:
             while deadline is None or time.monotonic() < deadline:
-                for what in runtime.supervise():
-                    console.print(f"restarted {what}")
-                for record in runtime.handle_requests():
-                    console.print(f"rescaled {record['operator']} {record['from']} -> {record['to']} "
-                                  f"({record['strategy']}): pause {record['pause_ms']:.0f} ms")
-                autoscaler.tick()
                 if during is not None:
                     during(runtime, time.monotonic() - started)
-                if runtime.drained():
-                    return False  # bounded sources have finished
-                rows = view.rows()
+                try:
+                    if _tick(runtime, console, autoscaler):
+                        return False  # bounded sources have finished
+                    rows = view.rows()
+                except redis.ConnectionError as exc:  # BusyLoadingError too: Redis replays its AOF
+                    # The workers die and are restarted from their commits; the runtime waits it out.
+                    console.print(f"redis unavailable ({exc}); retrying")
+                    time.sleep(0.5)
+                    continue
                 if live is not None:
                     live.update(view.render(rows))
                 elif time.monotonic() - last_line >= 5:
@@ -118,6 +120,28 @@ def _run_live(runtime, view, console, duration_s, during, started, autoscaler) -
     except KeyboardInterrupt:
         return True
     return False
+
+
+def _tick(runtime, console, autoscaler) -> bool:
+    """Supervise, finish a rescale a dead controller left, carry out requests, let the autoscaler decide;
+    True when bounded sources have finished."""
+    for what in runtime.supervise():
+        console.print(f"restarted {what}")
+    resumed = runtime.resume_rescale()
+    if resumed is not None:
+        console.print(f"resumed the rescale a dead controller left: {resumed['operator']} "
+                      f"{resumed['from']} -> {resumed['to']} ({resumed.get('phase', 'done')})")
+    try:
+        for record in runtime.handle_requests():
+            console.print(f"rescaled {record['operator']} {record['from']} -> {record['to']} "
+                          f"({record['strategy']}): pause {record['pause_ms']:.0f} ms")
+    except redis.ConnectionError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - what it left in Redis is resumed or rolled back next tick
+        console.print(f"rescale failed: {exc}")
+    autoscaler.tick()
+    return runtime.drained()
+
 
 def _verify(runtime: LocalRuntime, drained: bool) -> dict:
     from streamjobs_worker import spark
@@ -138,6 +162,7 @@ def _summary(console: Console, result: dict) -> None:
             f"verification: correct={verification.get('correct')} lost={verification.get('lost')} "
             f"duplicated={verification.get('duplicated')}"
         )
+
 
 def install_sigterm_as_interrupt() -> None:
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
