@@ -37,8 +37,8 @@ demo: setup
 # and Redis fixtures of the other layers.
 test: setup
 	$(BIN)/lint-imports
-	$(BIN)/pytest tests/unit tests/integration tests/e2e
-	$(BIN)/pytest tests/operator
+	$(BIN)/pytest --durations=25 tests/unit tests/integration tests/e2e
+	$(BIN)/pytest --durations=10 tests/operator
 
 test-unit: setup
 	$(BIN)/pytest tests/unit

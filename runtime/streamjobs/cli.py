@@ -140,7 +140,7 @@ def _chaos(args) -> int:
     from . import chaos
 
     duration, kills = chaos.QUICK if args.quick else chaos.FULL
-    progress = Console(stderr=True, force_terminal=False)  # the run's lines; the JSON alone goes to stdout
+    progress = Console(stderr=True, force_terminal=False, soft_wrap=True)  # the run's lines; the JSON alone goes to stdout
     result = {"chaos": True, "quick": args.quick, **chaos.run(duration, kills, args.seed, console=progress)}
     text = json.dumps(result, indent=2)
     print(text)
