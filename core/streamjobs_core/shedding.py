@@ -4,7 +4,8 @@ its bound (`loadShedding` in a source's spec; off unless set).
 Shedding is never silent: each shedding batch is logged in the job's shed stream, in the same commit
 as the source's offsets, with how many records it dropped and, for generator sources, the batch's
 partition ranges. The choice of records is a pure function of the batch (its rows and ranges), so
-the oracle regenerates a logged batch, repeats the choice and expects exactly the records kept.
+the oracle regenerates a logged batch, repeats the choice and expects exactly the records kept. An
+external stream's records cannot be regenerated: its entries name the IDs of the records shed.
 """
 
 from __future__ import annotations
@@ -29,8 +30,10 @@ def shed_mask(table: pa.Table, shedding: LoadShedding, ranges: Ranges) -> np.nda
     if shed == 0:
         return mask
     if shedding.priority_field is not None:
-        order = pc.sort_indices(table.select([shedding.priority_field]),
-                                sort_keys=[(shedding.priority_field, "ascending", "at_start")])
+        priority = table.column(shedding.priority_field)
+        if pa.types.is_string(priority.type):  # external records: every field is a string
+            priority = pa.array([_number(v) for v in priority.to_pylist()], pa.float64())
+        order = pc.sort_indices(pa.table({"p": priority}), sort_keys=[("p", "ascending", "at_start")])
         mask[order.to_numpy()[:shed]] = True
     else:
         seed = [rows, *(value for batch_range in ranges for value in batch_range)]
@@ -38,8 +41,22 @@ def shed_mask(table: pa.Table, shedding: LoadShedding, ranges: Ranges) -> np.nda
     return mask
 
 
-def log_entry(op: str, shed: int, kept: int, ranges: Ranges) -> dict:
-    return {"operator": op, "shed": shed, "kept": kept, "ranges": msgpack.packb(ranges)}
+def _number(value: str | None) -> float | None:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def log_entry(op: str, shed: int, kept: int, ranges: Ranges, ids: list[tuple[int, bytes]]) -> dict:
+    """`ids`: (partition, entry ID) of each record shed from an external stream, which nothing regenerates."""
+    return {"operator": op, "shed": shed, "kept": kept, "ranges": msgpack.packb(ranges), "ids": msgpack.packb(ids)}
+
+
+def shed_ids(r, key: str, op: str) -> set[tuple[int, bytes]]:
+    """(partition, entry ID) of every record an external-stream source shed."""
+    return {(p, entry_id) for _, fields in r.xrange(key) if fields[b"operator"].decode() == op
+            for p, entry_id in msgpack.unpackb(fields[b"ids"])}
 
 
 def read_log(r, key: str) -> list[tuple[str, int, Ranges]]:

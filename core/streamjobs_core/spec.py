@@ -103,8 +103,9 @@ class LoadShedding(_Model):
     )
     fraction: float = Field(0.5, gt=0, le=1, description="Share of each batch dropped while shedding.")
     priority_field: str | None = Field(
-        None, description="Drop the records with the lowest values of this column first (nulls lowest); "
-        "default: a random choice.",
+        None, description="Drop the records with the lowest values of this column first (nulls lowest; a "
+        "redis_stream source's field is read as a number, a missing or non-numeric value lowest); default: a "
+        "random choice.",
     )
 
 
@@ -152,6 +153,7 @@ class RedisStreamSource(_Operator):
     partitions: int = Field(1, ge=1, le=4096, description="Number of input streams producers spread over.")
     event_time_field: str | None = Field(None, description="Field holding event time in ms; default ingest time.")
     out_of_order_ms: int = Field(0, ge=0, le=60_000)
+    load_shedding: LoadShedding | None = None
 
 
 Source = Annotated[NexmarkSource | ZipfSource | RedisStreamSource, Field(discriminator="type")]

@@ -19,8 +19,10 @@ def committed_counts(r: redis.Redis, plan: JobPlan) -> dict[str, dict[str, int]]
         outs = plan.edges_out(name)
         produced = _hash_total(r, keys.produced(outs[0].upstream, outs[0].downstream)) if outs else 0
         if plan.spec.operator(name) in plan.spec.sources:
-            ins = sum(int(v) for f, v in r.hgetall(keys.offsets(name)).items() if f.startswith(b"p")
-                      and plan.spec.operator(name).type != "redis_stream")
+            # A generator commits each partition's next index (p<i>); an external stream's source its cursor
+            # there and the count of entries it consumed (n<i>).
+            counted = b"n" if plan.spec.operator(name).type == "redis_stream" else b"p"
+            ins = sum(int(v) for f, v in r.hgetall(keys.offsets(name)).items() if f.startswith(counted))
         counts[name] = {"records_in": ins, "records_out": produced}
     return counts
 

@@ -72,3 +72,18 @@ def test_shedding_is_off_unless_set():
         "sources": [{"name": "bids", "type": "nexmark"}],
         "sinks": [{"name": "out", "type": "redis_stream", "inputs": ["bids"]}]}})
     assert job.spec.sources[0].load_shedding is None
+
+
+def test_an_external_streams_string_priority_is_read_as_a_number_missing_or_not_numeric_lowest():
+    table = pa.table({"priority": pa.array(["9", "10", None, "n/a", "2.5", "100"], pa.string())})
+    mask = shed_mask(table, LoadShedding(max_backlog_records=1, fraction=0.5, priority_field="priority"), [])
+    # As strings "10" and "100" would sort below "9"; as numbers the dropped are null, "n/a" and 2.5.
+    assert mask.tolist() == [False, False, True, True, True, False]
+
+
+def test_an_external_stream_source_takes_a_shedding_rule():
+    job = parse_job({"metadata": {"name": "ext"}, "spec": {
+        "sources": [{"name": "in", "type": "redis_stream",
+                     "loadShedding": {"maxBacklogRecords": 100, "priorityField": "anything"}}],
+        "sinks": [{"name": "out", "type": "redis_stream", "inputs": ["in"]}]}})
+    assert job.spec.sources[0].load_shedding.priority_field == "anything"  # its fields are the producers'

@@ -118,6 +118,9 @@ class GeneratorSource(_PartitionedSource):
         behind = min(self._next[p] * self._count + p for p in self._partitions)
         return generators.watermark(self._spec, self._plan.t0_ms, behind)
 
+    def shed_ids(self, mask: np.ndarray) -> list[tuple[int, bytes]]:
+        return []  # the oracle regenerates what was shed from the logged ranges
+
     def stage(self, txn: Transaction) -> None:
         if self._moved:
             txn.hset(self._plan.keys.offsets(self._op), {f"p{p}": self._next[p] for p in self._moved})
@@ -143,17 +146,26 @@ class RedisInputSource(_PartitionedSource):
         self._partitions = tuple(partitions)
         self._cursor = {p: b"0-0" for p in partitions}
         self._marks = {p: MIN_WATERMARK for p in partitions}
+        # Entries consumed per partition since the stream began, committed with the cursor: with Redis's
+        # count of entries ever added it gives the backlog without reading ahead.
+        self._consumed = {p: 0 for p in partitions}
         self.bad: list[tuple[str, bytes, str, dict]] = []
         self._stopped = False
         self.behind = False
-        self.pending = 0  # unknown without reading ahead: external producers' backlog shows as `behind`
+        self.pending = 0  # measured only for load shedding, and only when a read came back full
+        self.ranges: shedding.Ranges = []  # (partition, ms, seq) of each partition's first entry: a seed
+        self._ids: list[tuple[int, bytes]] = []  # (partition, entry ID) of each row of the last poll
 
     def _resume(self, partition: int, offset: bytes | None, mark: bytes | None) -> None:
         self._cursor[partition] = b"0-0" if offset is None else offset
         self._marks[partition] = MIN_WATERMARK if mark is None else int(mark)
+        self._consumed[partition] = int(self._r.hget(self._plan.keys.offsets(self._op), f"n{partition}") or 0)
 
     def _forget(self, partition: int) -> None:
-        del self._cursor[partition], self._marks[partition]
+        del self._cursor[partition], self._marks[partition], self._consumed[partition]
+
+    def shed_ids(self, mask: np.ndarray) -> list[tuple[int, bytes]]:
+        return [self._ids[i] for i in np.flatnonzero(mask)]
 
     def poll(self, budget: int, now: float, stop_requested: bool) -> tuple[pa.Table | None, int]:
         self._stopped |= stop_requested
@@ -169,10 +181,14 @@ class RedisInputSource(_PartitionedSource):
         now_ms = int(now * 1000)
         rows: list[dict] = []
         times: list[int] = []
+        self.ranges, self._ids = [], []
         partition_of = {keys.input_stream(self._op, p): p for p in self._partitions}
         for name, entries in reply:
             stream = name.decode()
             p = partition_of[stream]
+            self._consumed[p] += len(entries)
+            if entries:
+                self.ranges.append((p, *(int(x) for x in entries[0][0].split(b"-"))))
             for entry_id, fields in entries:
                 self._cursor[p] = entry_id
                 record = {k.decode(): v.decode("utf-8", "replace") for k, v in fields.items()}
@@ -185,10 +201,12 @@ class RedisInputSource(_PartitionedSource):
                         continue
                 rows.append(record)
                 times.append(event_time)
+                self._ids.append((p, entry_id))
                 self._marks[p] = max(self._marks[p], event_time - self._spec.out_of_order_ms)
         if not self._spec.event_time_field:
             for p in self._partitions:
                 self._marks[p] = max(self._marks[p], now_ms - self._spec.out_of_order_ms)
+        self.pending = self._backlog() if self.behind and self._spec.load_shedding else 0
         if not rows:
             return None, self.watermark()
         columns = sorted({k for row in rows for k in row})
@@ -196,12 +214,19 @@ class RedisInputSource(_PartitionedSource):
         table = table.append_column("event_time", pa.array(times, pa.int64()))
         return with_ingest_time(table, now_ms), self.watermark()
 
+    def _backlog(self) -> int:
+        pipe = self._r.pipeline(transaction=False)
+        for p in self._partitions:
+            pipe.xinfo_stream(self._plan.keys.input_stream(self._op, p))
+        return sum(max(0, info["entries-added"] - self._consumed[p]) for p, info in zip(self._partitions, pipe.execute()))
+
     def watermark(self) -> int:
         return MAX_WATERMARK if self._stopped else min(self._marks.values(), default=MIN_WATERMARK)
 
     def stage(self, txn: Transaction) -> None:
         keys = self._plan.keys
-        txn.hset(keys.offsets(self._op), {f"p{p}": c for p, c in self._cursor.items()})
+        txn.hset(keys.offsets(self._op), {**{f"p{p}": c for p, c in self._cursor.items()},
+                                          **{f"n{p}": n for p, n in self._consumed.items()}})
         txn.hset(keys.watermarks(self._op), {f"p{p}": m for p, m in self._marks.items()})
 
     @property

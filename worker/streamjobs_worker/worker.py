@@ -296,8 +296,9 @@ class Worker:
         mask = shedding.shed_mask(table, shedding_spec, self.source.ranges)
         shed = int(mask.sum())
         if shed:
-            txn.xadd(self.plan.keys.shed, shedding.log_entry(self.op, shed, table.num_rows - shed, self.source.ranges),
-                     100_000)
+            entry = shedding.log_entry(self.op, shed, table.num_rows - shed, self.source.ranges,
+                                       self.source.shed_ids(mask))
+            txn.xadd(self.plan.keys.shed, entry, 100_000)
             txn.hincrby(self.plan.keys.shed_totals, self.op, shed)
             self.metrics.shed_records.inc(shed)
         return table.filter(pa.array(~mask)) if shed < table.num_rows else None
