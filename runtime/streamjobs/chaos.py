@@ -170,7 +170,7 @@ class Chaos:
         now = runtime.parallelism[STAGE]
         runtime.r.rpush(runtime.keys.rescale_requests,
                         json.dumps({"operator": STAGE, "parallelism": now + 1 if now < 3 else now - 1}))
-        self.controller_fault_by = float("inf")
+        self.controller_fault_by += 20  # asked again if this one ends without the death (rolled back)
 
     def _die_in_handover(self, runtime) -> None:
         make = runtime.controller

@@ -53,6 +53,8 @@ def run_job(
         view = LiveView(runtime.r, runtime.plan, runtime.parallelism)
         autoscaler, events = local_autoscaler(runtime, console)
         interrupted = _run_live(runtime, view, console, duration_s, during, started, autoscaler)
+        if not interrupted:
+            _resume_rescale(runtime, console)  # a controller that died in the last tick left it half done
         stopped_ms = int(time.time() * 1000)
         runtime.request_stop()
         console.print("stopping sources; draining in-flight records ...")
@@ -127,10 +129,7 @@ def _tick(runtime, console, autoscaler) -> bool:
     True when bounded sources have finished."""
     for what in runtime.supervise():
         console.print(f"restarted {what}")
-    resumed = runtime.resume_rescale()
-    if resumed is not None:
-        console.print(f"resumed the rescale a dead controller left: {resumed['operator']} "
-                      f"{resumed['from']} -> {resumed['to']} ({resumed.get('phase', 'done')})")
+    _resume_rescale(runtime, console)
     try:
         for record in runtime.handle_requests():
             console.print(f"rescaled {record['operator']} {record['from']} -> {record['to']} "
@@ -141,6 +140,13 @@ def _tick(runtime, console, autoscaler) -> bool:
         console.print(f"rescale failed: {exc}")
     autoscaler.tick()
     return runtime.drained()
+
+
+def _resume_rescale(runtime, console) -> None:
+    resumed = runtime.resume_rescale()
+    if resumed is not None:
+        console.print(f"resumed the rescale a dead controller left: {resumed['operator']} "
+                      f"{resumed['from']} -> {resumed['to']} ({resumed.get('phase', 'done')})")
 
 
 def _verify(runtime: LocalRuntime, drained: bool) -> dict:

@@ -3,6 +3,8 @@ redis-server SIGKILLed and restarted from its AOF, with the ds2 autoscaler on; n
 
 from __future__ import annotations
 
+import json
+
 from streamjobs import chaos
 
 
@@ -10,8 +12,8 @@ def test_a_job_survives_kills_a_controller_death_and_a_redis_restart_exactly():
     # Under one instance's capacity: the test asks for the rescale the controller dies in, and a backlog
     # would only make the handover and the drain longer.
     result = chaos.run(duration_s=80, kills=6, seed=3, records_per_s=400)
-    faults = result["faults"]
-    assert result["kills"] >= 5 and result["controller_restarts"] == 1 and result["redis_restarts"] == 1, faults
-    assert result["unrecovered"] == 0 and not result["harness_errors"], result
-    assert any(r["strategy"] == "batched" for r in result["rescales"]), result["rescales"]
-    assert (result["lost"], result["duplicated"], result["correct"]) == (0, 0, True), result
+    shown = json.dumps(result, indent=1)  # the whole result: which fault did what, when
+    assert result["kills"] >= 5 and result["controller_restarts"] == 1 and result["redis_restarts"] == 1, shown
+    assert result["unrecovered"] == 0 and not result["harness_errors"], shown
+    assert any(r["strategy"] == "batched" for r in result["rescales"]), shown
+    assert (result["lost"], result["duplicated"], result["correct"]) == (0, 0, True), shown
