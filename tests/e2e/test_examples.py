@@ -26,10 +26,10 @@ def worker_processes(job: str) -> list[int]:
 
 @pytest.mark.parametrize("example", ["examples/nexmark-q1.yaml", "examples/nexmark-q2.yaml", "examples/nexmark-q5.yaml"])
 def test_example_equals_oracle(run, example):
-    report = run(example, 20)
+    report = run(example, 12)
     assert_exact(report)
     assert sum(report["verification"]["sinks"][s]["expected"] for s in report["verification"]["sinks"]) > 0
-    assert report["operators"]["events"]["records_out"] > 20_000, "the source ran at its rate"
+    assert report["operators"]["events"]["records_out"] > 20_000, "the source ran at its rate (3,000 records/s)"
 
 
 def test_cli_run_reports_verifies_and_leaves_no_process(tmp_path):

@@ -40,7 +40,7 @@ def cluster():
 def test_wordcount_on_redis_cluster(cluster, tmp_path):
     r = connect(cluster)
     assert isinstance(r, redis.RedisCluster)
-    report = run_job(load_job(ROOT / "examples/wordcount.yaml"), 15, redis_url=cluster,
+    report = run_job(load_job(ROOT / "examples/wordcount.yaml"), 10, redis_url=cluster,
                      console=Console(force_terminal=False), log_dir=str(tmp_path))
     assert_exact(report)
     slots = {r.keyslot(key) for key in r.scan_iter(match=JobKeys("wordcount").pattern)}

@@ -72,7 +72,7 @@ def test_wordcount_over_tls_with_a_password_is_exact(tls_redis, tmp_path):
         for inst in [i for i in list(runtime.instances.values()) if i.process.poll() is None]:
             seen_command_lines.append(Path(f"/proc/{inst.process.pid}/cmdline").read_bytes().decode(errors="replace"))
 
-    report = run_job(load_job(ROOT / "examples/wordcount.yaml"), 15, redis_url=url,
+    report = run_job(load_job(ROOT / "examples/wordcount.yaml"), 10, redis_url=url,
                      console=Console(force_terminal=False), log_dir=str(tmp_path), during=look_at_workers)
     assert_exact(report)
     assert seen_command_lines and not any(PASSWORD in line for line in seen_command_lines), \
