@@ -11,7 +11,7 @@ from streamjobs import chaos
 def test_a_job_survives_kills_a_controller_death_and_a_redis_restart_exactly():
     # Under one instance's capacity: the test asks for the rescale the controller dies in, and a backlog
     # would only make the handover and the drain longer.
-    result = chaos.run(duration_s=80, kills=6, seed=3, records_per_s=400)
+    result = chaos.run(duration_s=65, kills=6, seed=3, records_per_s=400)
     shown = json.dumps(result, indent=1)  # the whole result: which fault did what, when
     assert result["kills"] >= 5 and result["controller_restarts"] == 1 and result["redis_restarts"] == 1, shown
     assert result["unrecovered"] == 0 and not result["harness_errors"], shown

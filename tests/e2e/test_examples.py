@@ -35,7 +35,7 @@ def test_example_equals_oracle(run, example):
 def test_cli_run_reports_verifies_and_leaves_no_process(tmp_path):
     report_path = tmp_path / "r.json"
     done = subprocess.run(
-        [sys.executable, "-m", "streamjobs.cli", "run", str(ROOT / "examples/wordcount.yaml"), "--duration", "15",
+        [sys.executable, "-m", "streamjobs.cli", "run", str(ROOT / "examples/wordcount.yaml"), "--duration", "10",
          "--report", str(report_path)],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )
