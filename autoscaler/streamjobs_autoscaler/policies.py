@@ -43,6 +43,14 @@ def ds2_policy(
             continue
         lowest, highest = bounds(settings, info.key_groups)
         wanted, limited = evenly_spread(target.parallelism, info.key_groups, lowest, highest)
+        if utilization < band[0] and wanted > now:
+            # The operator keeps up with room to spare: only the input a rescale would pile up asks for more
+            # instances, and that input piles up only if we rescale.
+            out.append(OperatorDecision(
+                info.name, now, now, now, "ds2: below the utilization band, kept", note=(
+                    f"busy {utilization:.0%} at the target rate, under {band[0]:.0%}; a rescale's own "
+                    f"pile-up would need {target.parallelism:.2f}"), **common))
+            continue
         note = (f"needs {target.parallelism:.2f}; limited to {wanted} by the bounds" if limited
                 else f"needs {target.parallelism:.2f}, rounded to a divisor of {info.key_groups} key groups")
         out.append(OperatorDecision(info.name, now, wanted, wanted, "ds2", note=note, **common))

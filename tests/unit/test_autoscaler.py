@@ -181,6 +181,28 @@ def test_ds2_keeps_an_operator_whose_load_swings_within_the_utilization_band():
     assert 5 <= first <= 6  # 4,000 / 800 plus the backlog that piled up while activation confirmed it
 
 
+def test_ds2_does_not_scale_up_an_operator_under_the_band_for_the_pile_up_of_its_own_rescale():
+    """2 instances at 35 % busy keep up with room to spare; counting the input 120 s of rescaling would pile
+    up, the target asks for 3. That input piles up only if we rescale, so ds2 keeps 2 (the sine profile's
+    2 -> 3 that started a chain of rescales reactive never needed)."""
+    job = FluidJob(rate=700)
+    job.parallelism["stage"] = 2
+    settings = AutoscalerSettings(policy="ds2", **{**FAST, "expected_rescale_s": 120})
+    start = job.collect(job.now)
+    job.advance(20)
+    rates = window_rates([start, job.collect(job.now)])
+    kept = next(d for d in ds2_policy(TOPOLOGY, rates, job.parallelism, settings) if d.operator == "stage")
+    assert ds2(TOPOLOGY, rates, settings)["stage"].parallelism > 2
+    assert (kept.parallelism, kept.rule) == (2, "ds2: below the utilization band, kept")
+    assert "busy 35% at the target rate, under 60%" in kept.explain()
+    job.rate = 200  # now one instance is enough even counting the pile-up: scaling down still happens
+    start = job.collect(job.now)
+    job.advance(20)
+    rates = window_rates([start, job.collect(job.now)])
+    down = next(d for d in ds2_policy(TOPOLOGY, rates, job.parallelism, settings) if d.operator == "stage")
+    assert (down.parallelism, down.rule) == (1, "ds2")
+
+
 def test_scale_down_waits_and_applies_the_largest_recommendation_of_the_delay():
     job = FluidJob(rate=3000)
     job.parallelism["stage"] = 4
