@@ -9,7 +9,11 @@ that, restores the key group's committed state and offsets (the marker) and
 goes on after it. Only that key group's records wait meanwhile.
 
 A source partition has no input stream to mark: the controller asks its owner
-(`releases`) to give it up at its next commit, with its offset.
+(`releases`) to give it up at its next commit, with its offset. So does a key
+group whose old owner is backlogged (`rescale.markerMaxLagRecords`): a marker
+would wait until the owner worked through everything queued before it, and the
+rescale would arrive when it is least affordable. Released at a commit, the key
+group's unread records go to the new owner with its offsets and state.
 
 Who owns a key group is the assignment in force unless `owners` names a newer
 owner; a worker that restarts mid-rescale computes the same. The final switch
@@ -53,20 +57,45 @@ def steps(moves: list[Move], size: int) -> list[list[Move]]:
     return [ordered[i : i + size] for i in range(0, len(ordered), size)]
 
 
-def start(r, plan: JobPlan, op: str, step: list[Move]) -> None:
-    """Ask the old owners to hand these key groups over: markers into their streams, or release requests.
+def start(r, plan: JobPlan, op: str, step: list[Move]) -> list[int]:
+    """Ask the old owners to hand these key groups over: markers into their streams, or release requests
+    (sources, and backlogged owners); returns the key groups asked for a release.
 
-    Idempotent for a resumed controller: a new owner skips a marker that names itself.
+    Idempotent for a resumed controller, even one that chooses differently: a new owner skips a marker that
+    names itself, and a key group released at a commit is not released again at its marker.
     """
     keys = plan.keys
     edges = plan.edges_in(op)
+    backlogged = owner_lag(r, plan, op) if edges else {}
+    bound = plan.spec.rescale.marker_max_lag_records
+    released = [m.key_group for m in step if not edges or backlogged.get(m.source, 0) > bound]
     pipe = r.pipeline(transaction=False)
     for move in step:
-        if not edges:
+        if move.key_group in released:
             pipe.hset(keys.releases(op), str(move.key_group), move.target)
+            continue
         for edge in edges:
             pipe.xadd(keys.kg_stream(edge.upstream, op, move.key_group), encode_marker(move.target))
     pipe.execute()
+    return released
+
+
+def owner_lag(r, plan: JobPlan, op: str) -> dict[int, int]:
+    """Input records produced and not yet consumed, per owner instance of `op`."""
+    keys = plan.keys
+    edges = plan.edges_in(op)
+    pipe = r.pipeline(transaction=False)
+    for edge in edges:
+        pipe.hgetall(keys.produced(edge.upstream, op))
+        pipe.hgetall(keys.consumed(edge.upstream, op))
+    counts = pipe.execute()
+    owner = owners(r, plan, op)
+    lag: dict[int, int] = {}
+    for produced, consumed in zip(counts[::2], counts[1::2]):
+        for kg, n in produced.items():
+            instance = owner[int(kg)]
+            lag[instance] = lag.get(instance, 0) + int(n) - int(consumed.get(kg, 0))
+    return lag
 
 
 def completed(r, plan: JobPlan, op: str, step: list[Move]) -> bool:

@@ -68,7 +68,8 @@ class JobKeys:
         return f"{self.prefix}:owners:{op}"
 
     def releases(self, op: str) -> str:
-        """Per source partition to move: the instance to release it to (sources have no stream to mark)."""
+        """Per source partition or backlogged key group to move: the instance to release it to at the owner's
+        next commit (a source has no stream to mark; a marker would wait behind the backlog)."""
         return f"{self.prefix}:release:{op}"
 
     def acquired(self, op: str) -> str:

@@ -17,8 +17,9 @@ per step), Megaphone's strategies, no instance stops for the key groups to move:
 
     PRESTAGE  a scale-out starts the added instances, owning nothing yet;
     HANDOVER  step by step, markers go into the moved key groups' streams (Chi);
-              each old owner releases a key group at its marker and its new owner
-              takes it over (handover.py); the next step starts when both did.
+              each old owner releases a key group at its marker (a backlogged
+              one at its next commit) and its new owner takes it over
+              (handover.py); the next step starts when both did.
               Then the new assignment is written in the same generation;
     RETIRE    a scale-in stops the instances left with nothing.
 
@@ -217,7 +218,10 @@ class RescaleController:
                 for step in handover.steps(moved, size):
                     begun = self.clock()
                     if not handover.completed(self.r, self.plan, op, step):
-                        handover.start(self.r, self.plan, op, step)
+                        at_commit = handover.start(self.r, self.plan, op, step)
+                        if at_commit:  # saved, so the record counts the steps of a controller that died too
+                            state = self._save({**state, "released_at_commit":
+                                                state.get("released_at_commit", 0) + len(at_commit)})
                         self._wait_step(op, step)
                     step_ms.append(round((self.clock() - begun) * 1000, 1))
                 handover.finish(self.r, self.plan, op, new)

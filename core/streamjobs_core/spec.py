@@ -413,6 +413,11 @@ class RescaleSettings(_Model):
         1000, ge=0, description="all_at_once: the handover starts once every standby's last catch-up round "
         "applied at most this many changelog entries (its prestaged state is nearly current).",
     )
+    marker_max_lag_records: int = Field(
+        5000, ge=0, description="fluid / batched: when the old owner of a moved key group has more input records "
+        "waiting than this, the key group is released at that owner's next commit and its backlog moves with "
+        "it, instead of at an in-band marker the owner would reach only after working through that backlog.",
+    )
 
 
 class RedisSettings(_Model):

@@ -33,7 +33,10 @@ class ControllerDied(RuntimeError):
     pass
 
 
-def chaos_job(duration_s: float, records_per_s: int) -> StreamJob:
+def chaos_job(duration_s: float, records_per_s: int, marker_max_lag_records: int | None = None) -> StreamJob:
+    rescale = {"strategy": "batched", "batchKeyGroups": 3}
+    if marker_max_lag_records is not None:
+        rescale["markerMaxLagRecords"] = marker_max_lag_records
     period = round(duration_s * 0.375)  # the load rises and falls more than once in a run
     return parse_job({
         "apiVersion": "streamjobs.dev/v1alpha1", "kind": "StreamJob", "metadata": {"name": "chaos"},
@@ -50,7 +53,7 @@ def chaos_job(duration_s: float, records_per_s: int) -> StreamJob:
                         "aggregations": [{"function": "count", "as": "bids"}]}],
             "sinks": [{"name": "bids", "type": "redis_stream", "inputs": [STAGE]}],
             "state": {"snapshotEveryBatches": 5},
-            "rescale": {"strategy": "batched", "batchKeyGroups": 3},
+            "rescale": rescale,
             "autoscaler": {"policy": "ds2", "intervalS": 2, "metricsWindowS": 8, "stabilizationS": 10,
                            "catchUpSeconds": 30, "expectedRescaleS": 0, "scaleDownDelayS": 20,
                            "maxParallelism": 3},
@@ -223,12 +226,13 @@ RECORDS_PER_S = 700
 
 
 def run(duration_s: float, kills: int, seed: int = 1, records_per_s: int = RECORDS_PER_S,
-        console: Console | None = None) -> dict:
+        console: Console | None = None, marker_max_lag_records: int | None = None) -> dict:
     console = console or Console(force_terminal=False, quiet=True)
     with RedisServer(appendonly=True, extra=("--appendfsync", AOF_FSYNC)) as server:
         chaos = Chaos(server, kills, duration_s, seed)
         try:
-            report = run_job(chaos_job(duration_s, records_per_s), duration_s, redis_url=server.url,
+            job = chaos_job(duration_s, records_per_s, marker_max_lag_records)
+            report = run_job(job, duration_s, redis_url=server.url,
                              console=console, during=chaos)
         finally:
             chaos.stop()
@@ -237,7 +241,8 @@ def run(duration_s: float, kills: int, seed: int = 1, records_per_s: int = RECOR
         **chaos.summary(),
         "duration_s": duration_s,
         "worker_restarts": report["restarts"],
-        "rescales": [{k: r.get(k) for k in ("operator", "from", "to", "strategy", "pause_ms")}
+        "rescales": [{k: r.get(k) for k in ("operator", "from", "to", "strategy", "pause_ms",
+                                                   "released_at_commit")}
                      for r in report["rescales"]],
         "dead_letters": report["dead_letters"],
         "lost": verification.get("lost"),

@@ -141,7 +141,8 @@ def _chaos(args) -> int:
 
     duration, kills = chaos.QUICK if args.quick else chaos.FULL
     progress = Console(stderr=True, force_terminal=False, soft_wrap=True)  # the run's lines; the JSON alone goes to stdout
-    result = {"chaos": True, "quick": args.quick, **chaos.run(duration, kills, args.seed, console=progress)}
+    result = {"chaos": True, "quick": args.quick, **chaos.run(duration, kills, args.seed, console=progress,
+                                                                 marker_max_lag_records=args.marker_max_lag)}
     text = json.dumps(result, indent=2)
     print(text)
     if args.json:
@@ -201,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
                            "restart, verified against the oracle")
     chaos.add_argument("--quick", action="store_true", help="4 minutes and 20 kills (else 10 minutes, 40 kills)")
     chaos.add_argument("--seed", type=int, default=1, help="the faults' random choices")
+    chaos.add_argument("--marker-max-lag", type=int, default=None, metavar="RECORDS",
+                       help="the job's rescale.markerMaxLagRecords (0: a key group whose owner has any backlog moves at a commit)")
     chaos.add_argument("--json", default=None, help="write the results here")
     chaos.set_defaults(func=_chaos)
 

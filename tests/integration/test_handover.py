@@ -3,16 +3,21 @@ old and new owner, the release rides on the old owner's commit, and the fluid/ba
 
 from __future__ import annotations
 
+import time
+
 import pyarrow as pa
 import pytest
 from streamjobs_core import handover
 from streamjobs_core.codec import decode, encode
 from streamjobs_core.keygroups import Assignment, Move
-from streamjobs_core.plan import read_assignment, write_assignment
+from streamjobs_core.loading import parse_job
+from streamjobs_core.plan import JobPlan, read_assignment, write_assignment
 from streamjobs_core.rescale import HANDOVER, RescaleController, progress
 from streamjobs_worker.inputs import InputReader
 from streamjobs_worker.transaction import Checkpoint, Fenced, Transaction
 from streamjobs_worker.worker import Worker
+
+from .conftest import JOB
 
 
 def write(r, plan, kg: int, values: list[int], watermark: int) -> None:
@@ -167,30 +172,65 @@ def test_a_stream_committed_at_its_marker_stays_parked_after_a_restart(r, plan):
     assert after.handovers() == {3: 1} and values(after.read(100, 0)) == []
 
 
+def put(r, plan, kg: int, values: list[int]) -> None:
+    """Records into the sink's input stream of key group `kg`, counted as the upstream's commit counts them."""
+    r.xadd(plan.keys.kg_stream("agg", "out", kg), encode(pa.table({"v": pa.array(values, pa.int64())}), 100,
+                                                           [(0, 11)]))
+    r.hincrby(plan.keys.produced("agg", "out"), str(kg), len(values))
+
+
+def written(r, plan) -> list[int]:
+    return sorted(int(f[b"v"]) for _, f in r.xrange(plan.keys.output_stream("out")))
+
+
 def test_a_worker_hands_a_key_group_over_at_its_marker_and_stops_reporting_its_lag(r, plan):
     """Whole workers (the sink: no Spark): the old owner writes what precedes the marker, the new owner what
     follows it, and the old owner's /metrics no longer shows the key group's lag (its new owner's now)."""
-    def put(kg: int, values: list[int]) -> None:
-        r.xadd(plan.keys.kg_stream("agg", "out", kg), encode(pa.table({"v": pa.array(values, pa.int64())}), 100,
-                                                               [(0, 11)]))
-        r.hincrby(plan.keys.produced("agg", "out"), str(kg), len(values))  # as the upstream's commit counts
-
     def lag_sample(worker: Worker, kg: int) -> float | None:
         return worker.metrics.registry.get_sample_value("streamjobs_kg_lag_records", {
             "job": "ctl", "operator": "out", "instance": str(worker.instance), "input": "agg", "key_group": str(kg)})
 
-    put(3, [1, 2])
+    put(r, plan, 3, [1, 2])
     old = Worker(r, plan, "out", 0)
     old.restore()
     old.step()
     assert lag_sample(old, 3) == 0 and lag_sample(old, 2) == 0
-    handover.start(r, plan, "out", [Move(3, 0, 1)])
-    put(3, [3])
+    assert handover.start(r, plan, "out", [Move(3, 0, 1)]) == []  # not backlogged: a marker
+    put(r, plan, 3, [3])
     old.step()
     assert 3 not in old.owned and lag_sample(old, 3) is None and lag_sample(old, 2) == 0
     new = Worker(r, plan, "out", 1)
     new.restore()
     new.step()
     assert new.owned == (3,)
-    written = [int(f[b"v"]) for _, f in r.xrange(plan.keys.output_stream("out"))]
-    assert sorted(written) == [1, 2, 3]
+    assert written(r, plan) == [1, 2, 3]
+
+
+def test_a_backlogged_owner_releases_at_its_next_commit_and_the_backlog_moves_with_the_key_group(r):
+    """A marker behind 20 queued entries would wait until the old owner read them all (a fresh worker reads
+    one entry per stream, then doubles). Over markerMaxLagRecords the controller asks for a release at the
+    old owner's next commit instead: the old owner writes what it read, the new owner the rest, once each."""
+    plan = JobPlan(parse_job({**JOB, "spec": {**JOB["spec"], "rescale": {"markerMaxLagRecords": 5}}}), 0)
+    for op in plan.spec.operators:
+        write_assignment(r, plan.keys, op.name, plan.initial_assignment(op.name))
+    for i in range(1, 21):
+        put(r, plan, 3, [i])
+    old = Worker(r, plan, "out", 0)
+    old.restore()
+    old.step()
+    assert handover.start(r, plan, "out", [Move(3, 0, 1)]) == [3]
+    assert not any(b"h" in fields for _, fields in r.xrange(plan.keys.kg_stream("agg", "out", 3)))
+    for _ in range(20):
+        if 3 not in old.owned:
+            break
+        time.sleep(0.05)
+        old.step()
+    assert 3 not in old.owned and handover.moved_to(r, plan, "out", 1) == [3]
+    by_old = written(r, plan)
+    new = Worker(r, plan, "out", 1)
+    new.restore()
+    for _ in range(20):
+        new.step()
+    assert new.owned == (3,) and 0 < len(by_old) < 20
+    assert written(r, plan) == list(range(1, 21))
+    assert handover.completed(r, plan, "out", [Move(3, 0, 1)])

@@ -8,8 +8,9 @@ maxWaitMs (low latency); under backlog batches grow until one takes about
 targetBatchMs, so the ~0.25 s fixed cost of a Spark job is amortised.
 
 During a fluid or batched rescale a worker releases a key group in the commit
-of the batch that reached its handover markers, and takes over the key groups
-released to it between batches.
+of the batch that reached its handover markers (or in its next commit when the
+controller asks, as it does for source partitions and backlogged owners), and
+takes over the key groups released to it between batches.
 """
 
 from __future__ import annotations
@@ -103,7 +104,7 @@ class Worker:
         self._edge_lag = 0  # the largest produced - consumed over the output edges, last read
         self._written_since_check = 0
         self._last_handover_poll = 0.0
-        self._release_requests: dict[int, int] = {}  # source partition -> new owner
+        self._release_requests: dict[int, int] = {}  # key group or source partition -> new owner
 
     # --- lifecycle -----------------------------------------------------------
 
@@ -116,13 +117,13 @@ class Worker:
             since = self.prestaged.applied if self.prestaged is not None else None
             self._changelog_ids = recovery.restore(self.r, self.plan.keys, self.op, self.store, since)
             self.stage.restore(self.reader.key_group_watermarks())
-
-    def run(self, stop: threading.Event) -> None:
-        self.restore()
         # Restarted after taking key groups over (or before saying so): the controller waits to hear it.
         moved_here = handover.moved_to(self.r, self.plan, self.op, self.instance)
         if moved_here:
             self.r.hset(self.plan.keys.acquired(self.op), mapping={kg: self.instance for kg in moved_here})
+
+    def run(self, stop: threading.Event) -> None:
+        self.restore()
         log.info("%s/%d owns %d key groups (incarnation %d%s)", self.op, self.instance, len(self.owned),
                  self.incarnation, ", state prestaged as a standby" if self.prestaged is not None else "")
         while not stop.is_set():
@@ -193,10 +194,9 @@ class Worker:
     # --- per-key-group handover (fluid and batched rescales) ---------------------
 
     def _handovers(self) -> dict[int, int]:
-        """Key groups to release with this batch's commit: new owner of each."""
-        if self.source is not None:
-            return {p: to for p, to in self._release_requests.items() if p in self.owned and to != self.instance}
-        return self.reader.handovers()
+        """Key groups to release with this batch's commit: new owner of each, asked for or at its markers."""
+        asked = {kg: to for kg, to in self._release_requests.items() if kg in self.owned and to != self.instance}
+        return asked if self.reader is None else {**self.reader.handovers(), **asked}
 
     def _let_go(self, released: dict[int, int]) -> None:
         for kg in released:
@@ -222,8 +222,7 @@ class Worker:
             return
         self._last_handover_poll = now
         keys = self.plan.keys
-        if self.source is not None:  # only sources are asked; the others find markers in their streams
-            self._release_requests = {int(p): int(to) for p, to in self.r.hgetall(keys.releases(self.op)).items()}
+        self._release_requests = {int(kg): int(to) for kg, to in self.r.hgetall(keys.releases(self.op)).items()}
         mine = [kg for kg in handover.moved_to(self.r, self.plan, self.op, self.instance) if kg not in self.owned]
         if not mine:
             return
