@@ -10,8 +10,10 @@ state. State size is set with ballast: window state in windows that never fire
 start, so it is restored, prestaged and moved like any other state.
 
 For fluid and batched, `handover_ms` is the longest step: the time from a
-step's markers to its key groups' take-over, which bounds what one moved key
-group waits; for all_at_once and restart it is the whole switch.
+step's markers (or, for a backlogged old owner, release requests) to its key
+groups' take-over, which bounds what one moved key group waits;
+`released_at_commit` counts the key groups moved without a marker. For
+all_at_once and restart it is the whole switch.
 """
 
 from __future__ import annotations
@@ -191,6 +193,7 @@ def measure(strategy: str, steps: list[int], steady_s: float, state_mb: float, c
             "pause_ms": pause_ms(out_t, out_kg, done["moved"], start - 1000, end + _AFTER_S * 1000),
             "rescale_s": record["rescale_s"], "handover_ms": record["pause_ms"],
             "moved_key_groups": len(done["moved"]), "bytes_moved": done["bytes_moved"],
+            "released_at_commit": record.get("released_at_commit", 0),  # fluid/batched: not at a marker
             "start_s": round((start - steady_from) / 1000, 1), "end_s": round((end - steady_from) / 1000, 1),
         })
     end_ms = rescaler.rescales[-1]["end_ms"] + _AFTER_S * 1000
