@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from .codec import encode_marker
 from .keygroups import Assignment, Move
-from .plan import JobPlan, parse_assignment, write_assignment
+from .plan import JobPlan, key_group_lag, parse_assignment, write_assignment
 
 
 def owners(r, plan: JobPlan, op: str) -> list[int]:
@@ -82,19 +82,10 @@ def start(r, plan: JobPlan, op: str, step: list[Move]) -> list[int]:
 
 def owner_lag(r, plan: JobPlan, op: str) -> dict[int, int]:
     """Input records produced and not yet consumed, per owner instance of `op`."""
-    keys = plan.keys
-    edges = plan.edges_in(op)
-    pipe = r.pipeline(transaction=False)
-    for edge in edges:
-        pipe.hgetall(keys.produced(edge.upstream, op))
-        pipe.hgetall(keys.consumed(edge.upstream, op))
-    counts = pipe.execute()
     owner = owners(r, plan, op)
     lag: dict[int, int] = {}
-    for produced, consumed in zip(counts[::2], counts[1::2]):
-        for kg, n in produced.items():
-            instance = owner[int(kg)]
-            lag[instance] = lag.get(instance, 0) + int(n) - int(consumed.get(kg, 0))
+    for (_, kg), records in key_group_lag(r, plan.keys, plan.edges_in(op), range(len(owner))).items():
+        lag[owner[kg]] = lag.get(owner[kg], 0) + records
     return lag
 
 

@@ -69,6 +69,22 @@ def edge_totals(r, keys: JobKeys, edges) -> list[tuple[int, int]]:
     return list(zip(totals[::2], totals[1::2]))
 
 
+def key_group_lag(r, keys: JobKeys, edges, key_groups) -> dict[tuple[str, int], int]:
+    """Records produced into and not yet consumed from these key groups of each edge, per (upstream, kg)."""
+    key_groups = list(key_groups)
+    if not key_groups:
+        return {}
+    fields = [str(kg) for kg in key_groups]
+    pipe = r.pipeline(transaction=False)
+    for edge in edges:
+        pipe.hmget(keys.produced(edge.upstream, edge.downstream), fields)
+        pipe.hmget(keys.consumed(edge.upstream, edge.downstream), fields)
+    counts = pipe.execute()
+    return {(edge.upstream, kg): int(p or 0) - int(c or 0)
+            for edge, produced, consumed in zip(edges, counts[::2], counts[1::2])
+            for kg, p, c in zip(key_groups, produced, consumed)}
+
+
 def write_assignment(
     r, keys: JobKeys, op: str, assignment: Assignment, *, upcoming: bool = False, generation: int | None = None
 ) -> None:

@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 import redis
 from streamjobs_core.codec import DecodeError, decode
-from streamjobs_core.plan import Edge, JobPlan
+from streamjobs_core.plan import Edge, JobPlan, key_group_lag
 
 from .transaction import Transaction
 
@@ -184,24 +184,8 @@ class InputReader:
 
     def lag(self) -> dict[tuple[str, int], int]:
         """Records produced into each owned stream and not yet consumed, per (upstream, kg)."""
-        keys = self._plan.keys
-        out: dict[tuple[str, int], int] = {}
-        pipe = self._r.pipeline(transaction=False)
-        order = []
-        for edge in self._plan.edges_in(self._op):
-            kgs = sorted({s.kg for s in self._streams.values() if s.edge == edge})
-            if not kgs:
-                continue
-            fields = [str(kg) for kg in kgs]
-            pipe.hmget(keys.produced(edge.upstream, edge.downstream), fields)
-            pipe.hmget(keys.consumed(edge.upstream, edge.downstream), fields)
-            order.append((edge, kgs))
-        results = pipe.execute()
-        for i, (edge, kgs) in enumerate(order):
-            produced, consumed = results[2 * i], results[2 * i + 1]
-            for kg, p, c in zip(kgs, produced, consumed):
-                out[(edge.upstream, kg)] = int(p or 0) - int(c or 0)
-        return out
+        owned = sorted({s.kg for s in self._streams.values()})  # every input edge has a stream per owned kg
+        return key_group_lag(self._r, self._plan.keys, self._plan.edges_in(self._op), owned)
 
 
 def _rle(values: np.ndarray) -> list[tuple[int, int, int]]:
