@@ -56,7 +56,7 @@ class Autoscaler:
         self._next_tick = now + self.settings.interval_s
         if now < self._stable_after:
             return None
-        snapshot = self.collector.collect(now)
+        snapshot = self.topology.fold(self.collector.collect(now))
         disruption = self._window and _disruption(self._window[-1], snapshot)
         if disruption:
             log.info("metrics window restarts: %s", disruption)

@@ -59,19 +59,27 @@ _SUMMED = {
 }
 
 
-def add_exposition(counters: OperatorCounters, text: str) -> None:
-    """Add one instance's Prometheus text exposition to its operator's counters."""
-    counters.instances += 1
+def add_exposition(counters: dict[str, OperatorCounters], text: str) -> None:
+    """Add one instance's Prometheus text exposition to the counters of each operator it speaks for (a
+    worker runs a chain of operators, each with its own series)."""
+    seen: set[str] = set()
     for family in text_string_to_metric_families(text):
         for s in family.samples:
+            op = s.labels.get("operator")
+            if op is None:
+                continue
+            if op not in seen:
+                seen.add(op)
+                counters[op].instances += 1
+            op_counters = counters[op]
             attribute = _SUMMED.get(s.name)
             if attribute is not None:
-                setattr(counters, attribute, getattr(counters, attribute) + s.value)
+                setattr(op_counters, attribute, getattr(op_counters, attribute) + s.value)
             elif s.name == "streamjobs_watermark_ms":
-                counters.watermark_ms = min(counters.watermark_ms, s.value)
+                op_counters.watermark_ms = min(op_counters.watermark_ms, s.value)
             elif s.name == "streamjobs_e2e_latency_seconds_bucket":
                 le = float(s.labels["le"])
-                counters.latency_buckets[le] = counters.latency_buckets.get(le, 0.0) + s.value
+                op_counters.latency_buckets[le] = op_counters.latency_buckets.get(le, 0.0) + s.value
 
 
 class EndpointCollector:
@@ -84,14 +92,13 @@ class EndpointCollector:
 
     def collect(self, now: float) -> Snapshot:
         out: dict[str, OperatorCounters] = defaultdict(OperatorCounters)
-        for name, address in self.r.hgetall(self.keys.metrics_endpoints).items():
-            op = name.decode().rsplit("/", 1)[0]
+        for address in self.r.hvals(self.keys.metrics_endpoints):
             try:
                 with urllib.request.urlopen(f"http://{address.decode()}/metrics", timeout=self.timeout_s) as response:
                     text = response.read().decode()
             except OSError:
                 continue  # a restarting instance shows up again on the next scrape
-            add_exposition(out[op], text)
+            add_exposition(out, text)
         return Snapshot(now, dict(out))
 
 

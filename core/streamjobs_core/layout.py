@@ -39,6 +39,16 @@ class JobKeys:
         return f"{self.prefix}:dlq"
 
     @property
+    def dead_letter_totals(self) -> str:
+        """Per operator: records it dead-lettered, all time (the dead-letter stream is capped)."""
+        return f"{self.prefix}:dlq-total"
+
+    @property
+    def counts(self) -> str:
+        """Per operator, `<op>:in` and `<op>:out`: records it took and produced, as committed."""
+        return f"{self.prefix}:counts"
+
+    @property
     def shed(self) -> str:
         """One entry per batch a source shed records from (see shedding.py)."""
         return f"{self.prefix}:shed"
@@ -125,6 +135,11 @@ class JobKeys:
 
     def input_stream(self, source: str, partition: int) -> str:
         return f"{self.prefix}:in:{source}:{partition}"
+
+    def is_input(self, key: str | bytes) -> bool:
+        """Whether a key is one of the job's input streams: producers write them; the engine never deletes one."""
+        text = key.decode() if isinstance(key, bytes) else key
+        return text.startswith(f"{self.prefix}:in:")
 
     def output_stream(self, sink: str) -> str:
         return f"{self.prefix}:out:{sink}"

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import cached_property
 
+from .chaining import Chain, chains
 from .keygroups import Assignment
 from .layout import JobKeys
 from .spec import StreamJob
@@ -33,9 +35,30 @@ class JobPlan:
     def keys(self) -> JobKeys:
         return JobKeys(self.name)
 
+    @cached_property
+    def chains(self) -> tuple[Chain, ...]:
+        """The deployed units: operators chained into one worker (chaining.py), heads in topological order."""
+        return chains(self.spec)
+
+    @property
+    def vertices(self) -> tuple[str, ...]:
+        """The chain heads: what is deployed, assigned key groups and rescaled."""
+        return tuple(chain.head for chain in self.chains)
+
+    def chain(self, op: str) -> Chain:
+        for chain in self.chains:
+            if op in chain.operators:
+                return chain
+        raise KeyError(op)
+
+    def head(self, op: str) -> str:
+        """The operator whose workers run `op`."""
+        return self.chain(op).head
+
     def key_groups(self, op: str) -> int:
-        """Units of ownership of an operator: source partitions for sources, else maxParallelism."""
-        operator = self.spec.operator(op)
+        """Units of ownership of an operator: source partitions for sources, else maxParallelism; a chained
+        operator has its head's."""
+        operator = self.spec.operator(self.head(op))
         if operator in self.spec.sources:
             return getattr(operator, "partitions", None) or self.spec.max_parallelism
         return self.spec.max_parallelism
@@ -48,7 +71,7 @@ class JobPlan:
         return tuple(Edge(op, c.name, getattr(c, "key_by", None)) for c in self.spec.consumers(op))
 
     def initial_assignment(self, op: str) -> Assignment:
-        return Assignment.ranges(self.spec.operator(op).parallelism, self.key_groups(op))
+        return Assignment.ranges(self.spec.operator(self.head(op)).parallelism, self.key_groups(op))
 
     def to_json(self) -> str:
         return json.dumps({"job": self.job.model_dump(mode="json", by_alias=True), "t0_ms": self.t0_ms})

@@ -119,14 +119,17 @@ class RescaleController:
         return [json.loads(x) for x in self.r.lrange(self.keys.rescale_history, 0, -1)]
 
     def parallelism(self) -> dict[str, int]:
-        return {op.name: read_assignment(self.r, self.keys, op.name).parallelism for op in self.plan.spec.operators}
+        """Per chain head (a chain is deployed and rescaled as one)."""
+        return {op: read_assignment(self.r, self.keys, op).parallelism for op in self.plan.vertices}
 
     def rescale(self, op: str, parallelism: int, strategy: str | None = None) -> dict:
-        """Carry a rescale through every phase; return its record (also appended to the history)."""
+        """Carry a rescale through every phase; return its record (also appended to the history).
+
+        An operator chained into another's workers rescales with its whole chain, named by its head."""
         strategy = strategy or self.plan.spec.rescale.strategy
         if strategy not in STRATEGIES:
             raise RescaleError(f"unknown rescale strategy '{strategy}' (one of {', '.join(STRATEGIES)})")
-        self.plan.spec.operator(op)  # KeyError names an unknown operator before anything changes
+        op = self.plan.head(op)  # KeyError names an unknown operator before anything changes
         if parallelism < 1:
             raise RescaleError(f"parallelism of '{op}' must be >= 1, got {parallelism}")
         if self.current() is not None:

@@ -87,6 +87,11 @@ class RateProfile(_Model):
 class _Operator(_Model):
     name: str = Field(description="Unique operator name (DNS label).")
     parallelism: int = Field(1, ge=1, description="Number of instances.")
+    chain: bool = Field(
+        True, description="Run in one worker with the operator before and after it where the edge between them "
+        "is forward (same parallelism, no keyBy, one consumer, one input): no Redis hop and no second batch "
+        "between them (Flink's operator chaining). false keeps this operator in its own workers.",
+    )
 
     @field_validator("name")
     @classmethod

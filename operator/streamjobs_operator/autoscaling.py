@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 
 from streamjobs_core.layout import JobKeys
-from streamjobs_core.plan import read_assignment
+from streamjobs_core.plan import JobPlan, read_assignment
 from streamjobs_core.spec import StreamJob
 
 from .kube import Kube
@@ -42,7 +42,8 @@ class SpecScaler:
         self.sleep = sleep
 
     def parallelism(self) -> dict[str, int]:
-        return {op.name: read_assignment(self.r, self.keys, op.name).parallelism for op in self.job.spec.operators}
+        plan = JobPlan(self.job, 0)
+        return {op: read_assignment(self.r, self.keys, op).parallelism for op in plan.vertices}
 
     def rescale(self, op: str, parallelism: int) -> dict:
         seen = self.r.llen(self.keys.rescale_history)

@@ -101,13 +101,14 @@ def deploy(ctx: JobContext, body: Any) -> str:
         plan = store.read_plan(r, owner.name)
         kube.ensure("configmaps", resources.configmap(owner, plan.to_json()))
         assigned = store.assignments(r, plan)
-        sources = {s.name for s in job.spec.sources}
+        # Sources are the heads of their chains: only chain heads have workers (chaining.py).
+        sources = [head for head in plan.vertices if job.spec.operator(head) in job.spec.sources]
         fleet = ctx.fleet()
-        for op in job.spec.operators:
-            kube.ensure("services", resources.service(owner, op.name))
-        for op in job.spec.operators:
-            if op.name not in sources:
-                _ensure_operator(ctx, fleet, op.name, assigned[op.name])
+        for op in plan.vertices:
+            kube.ensure("services", resources.service(owner, op))
+        for op in plan.vertices:
+            if op not in sources:
+                _ensure_operator(ctx, fleet, op, assigned[op])
         if job.spec.suspend:
             return status.SUSPENDED
         if all(fleet.current(s) is not None for s in sources):
@@ -182,7 +183,7 @@ def rescale(ctx: JobContext, report: Callable[[str, dict], None] = lambda reason
         resumed = controller.resume()
         if resumed is not None:
             report("RescaleResumed", resumed)
-        for op in job.spec.topological_order():
+        for op in plan.vertices:  # a chain rescales as one: its head's parallelism is the chain's
             desired = job.spec.operator(op).parallelism
             epoch, current = store.assignments(r, plan)[op]
             if desired == current:
@@ -255,7 +256,10 @@ def refresh_status(ctx: JobContext, last_flow: tuple[float, int] | None = None) 
     ctx.status.rescale(in_progress)
     if reading is not None:
         ctx.status.flow(status.input_rate(last_flow, reading), lag)
-    desired = {op.name: op.parallelism for op in ctx.job.spec.operators}
+    spec = ctx.job.spec
+    heads = {op.name: plan.head(op.name) if plan is not None else op.name for op in spec.operators}
+    desired = {name: spec.operator(head).parallelism for name, head in heads.items()}
+    ready = {name: ready.get(head, 0) for name, head in heads.items()}  # a chained operator runs in its head's pods
     operators = status.operators_status(desired, assigned, ready)
     ctx.status.operators(operators)
     return operators, reading

@@ -70,8 +70,8 @@ def deploy(r, job: StreamJob, uid: str) -> bool:
     clear(r, keys)
     plan = JobPlan(job, int(time.time() * 1000))
     r.set(keys.plan, plan.to_json())
-    for op in job.spec.operators:
-        write_assignment(r, keys, op.name, plan.initial_assignment(op.name))
+    for op in plan.vertices:  # one assignment per chain, its head's (chaining.py)
+        write_assignment(r, keys, op, plan.initial_assignment(op))
     r.set(_owner_key(keys), uid)
     return True
 
@@ -96,23 +96,26 @@ def registered(r, job_name: str) -> set[str]:
 
 
 def assignments(r, plan: JobPlan) -> dict[str, tuple[int, int]]:
-    """Per operator: (assignment epoch, parallelism) as the workers see it."""
+    """Per operator: (assignment epoch, parallelism) as the workers see it; a chained operator has its
+    chain head's."""
     out = {}
-    for op in plan.spec.operators:
-        assignment = read_assignment(r, plan.keys, op.name)
+    for op in plan.vertices:
+        assignment = read_assignment(r, plan.keys, op)
         if assignment is not None:
-            out[op.name] = (assignment.epoch, assignment.parallelism)
+            for member in plan.chain(op).operators:
+                out[member] = (assignment.epoch, assignment.parallelism)
     return out
 
 
 def flow(r, plan: JobPlan) -> tuple[int, int]:
     """(records the sources have emitted, records between operators not consumed yet), from the
     exchange's counters: the input rate and lag `kubectl get sj` shows."""
-    edges = [edge for op in plan.spec.operators for edge in plan.edges_out(op.name)]
-    totals = dict(zip(edges, edge_totals(r, plan.keys, edges)))
-    # A source's records go once to each consumer: count them on its first edge.
-    emitted = sum(totals[plan.edges_out(s.name)[0]][0] for s in plan.spec.sources if plan.edges_out(s.name))
-    return emitted, sum(produced - consumed for produced, consumed in totals.values())
+    # Edges between chains go through Redis; those inside a chain hold nothing.
+    edges = [edge for op in plan.vertices for edge in plan.edges_out(plan.chain(op).tail)]
+    totals = edge_totals(r, plan.keys, edges)
+    counts = r.hmget(plan.keys.counts, [f"{s.name}:out" for s in plan.spec.sources])
+    emitted = sum(int(n or 0) for n in counts)
+    return emitted, sum(produced - consumed for produced, consumed in totals)
 
 
 def clear(r, keys: JobKeys) -> int:

@@ -50,13 +50,16 @@ class LiveView:
             busy = sample.busy_s - before.busy_s
             idle = sample.idle_s - before.idle_s
             op = self.plan.spec.operator(name)
+            head = self.plan.head(name)  # a chained operator runs in its head's workers
             rows.append({
                 "operator": name,
-                "parallelism": f"{sample.instances}/{self.parallelism[name]}",
+                "chained_to": None if head == name else head,
+                "parallelism": f"{sample.instances}/{self.parallelism[head]}",
                 "in_per_s": max(0.0, (sample.records_in - before.records_in) / dt),
                 "out_per_s": max(0.0, (sample.records_out - before.records_out) / dt),
                 "lag": sample.lag,
-                "busy": busy / (busy + idle) if busy + idle > 0 else 0.0,
+                # A chain's worker time is its head's: a chained operator's share of it is not measured.
+                "busy": None if head != name else busy / (busy + idle) if busy + idle > 0 else 0.0,
                 "latency": latency if op in self.plan.spec.sinks else None,
             })
         self._previous, self._previous_time = current, now
@@ -70,6 +73,7 @@ class LiveView:
         for row in rows:
             latency = row["latency"]
             shown = "" if not latency or latency["p50_ms"] is None else f"{latency['p50_ms']:.0f} / {latency['p99_ms']:.0f}"
-            table.add_row(row["operator"], row["parallelism"], f"{row['in_per_s']:.0f}", f"{row['out_per_s']:.0f}",
-                          f"{row['lag']:.0f}", f"{row['busy']:.0%}", shown)
+            name = row["operator"] if row["chained_to"] is None else f"└ {row['operator']}"
+            table.add_row(name, row["parallelism"], f"{row['in_per_s']:.0f}", f"{row['out_per_s']:.0f}",
+                          f"{row['lag']:.0f}", "chained" if row["busy"] is None else f"{row['busy']:.0%}", shown)
         return table

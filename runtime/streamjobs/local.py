@@ -1,9 +1,11 @@
-"""The local runtime: one OS process per operator instance, supervised.
+"""The local runtime: one OS process per instance of each chain of operators, supervised.
 
 Start order matters for latency, not for correctness: stages and sinks start
 first (each pays ~7 s for its SparkSession), then the event-time origin t0 is
-fixed and the sources start, so the job does not begin with a backlog of the
-warm-up time. A worker that dies is restarted; it resumes from its last commit.
+fixed and the generator sources start, so the job does not begin with a
+backlog of the warm-up time (sources of external input start with the rest:
+their input waits in Redis anyway). A worker that dies is restarted; it
+resumes from its last commit.
 """
 
 from __future__ import annotations
@@ -62,11 +64,11 @@ class LocalRuntime:
     def start(self, ready_timeout_s: float = 120.0, prepare=None) -> None:
         """Deploy and start the job; `prepare(r, plan)` runs before any worker (benchmarks seed state)."""
         self._clear_job_keys()
-        spec = self.job.spec
-        self.parallelism = {op.name: op.parallelism for op in spec.operators}
         self._write_plan(int(time.time() * 1000))
-        for op in spec.operators:
-            write_assignment(self.r, self.keys, op.name, self.plan.initial_assignment(op.name))
+        # One set of workers per chain (chaining.py), named by its head.
+        self.parallelism = {op: self.job.spec.operator(op).parallelism for op in self.plan.vertices}
+        for op in self.plan.vertices:
+            write_assignment(self.r, self.keys, op, self.plan.initial_assignment(op))
         if prepare is not None:
             prepare(self.r, self.plan)
         self._start_all(ready_timeout_s, before_sources=lambda: self._write_plan(int(time.time() * 1000)))
@@ -76,8 +78,12 @@ class LocalRuntime:
         self.r.set(self.keys.plan, self.plan.to_json())
 
     def _clear_job_keys(self) -> None:
+        """Reset what an earlier run of the job left (state, progress, outputs), never its input streams:
+        external producers may have written them before this run started."""
         batch = []
         for key in self.r.scan_iter(match=self.keys.pattern, count=1000):
+            if self.keys.is_input(key):
+                continue
             batch.append(key)
             if len(batch) >= 500:
                 self.r.delete(*batch)
@@ -140,7 +146,7 @@ class LocalRuntime:
 
     def drained(self) -> bool:
         for sink in self.job.spec.sinks:
-            if self.r.scard(self.keys.done(sink.name)) < self.parallelism[sink.name]:
+            if self.r.scard(self.keys.done(sink.name)) < self.parallelism[self.plan.head(sink.name)]:
                 return False
         return True
 
@@ -161,7 +167,7 @@ class LocalRuntime:
     def rescale(self, op: str, parallelism: int, strategy: str | None = None) -> dict:
         """Change an operator's parallelism while the job runs; return what it cost (see rescale.py)."""
         record = self.controller().rescale(op, parallelism, strategy)
-        self.parallelism[op] = parallelism
+        self.parallelism[record["operator"]] = parallelism  # the chain's head, when `op` is chained
         return record
 
     def resume_rescale(self) -> dict | None:
@@ -219,7 +225,9 @@ class LocalRuntime:
         self._start_all(self.ready_timeout_s)
 
     def _start_all(self, ready_timeout_s: float, before_sources=lambda: None) -> None:
-        sources = {s.name for s in self.job.spec.sources}
+        # Generators start last, from a fresh t0, so the job does not begin with the warm-up as backlog;
+        # external input is waiting in Redis already: its sources start with the rest.
+        sources = {s.name for s in self.job.spec.sources if s.type != "redis_stream"}
         first = [(op, i) for op, n in self.parallelism.items() if op not in sources for i in range(n)]
         then = [(op, i) for op, n in self.parallelism.items() if op in sources for i in range(n)]
         for group in (first, then):

@@ -6,25 +6,18 @@ import redis
 from streamjobs_core.plan import JobPlan
 
 
-def _hash_total(r: redis.Redis, key: str) -> int:
-    return sum(int(v) for v in r.hvals(key))
-
-
 def committed_counts(r: redis.Redis, plan: JobPlan) -> dict[str, dict[str, int]]:
-    """Records each operator consumed and produced, as committed (restarts do not double count)."""
-    keys = plan.keys
-    counts: dict[str, dict[str, int]] = {}
-    for name in plan.spec.topological_order():
-        ins = sum(_hash_total(r, keys.consumed(e.upstream, e.downstream)) for e in plan.edges_in(name))
-        outs = plan.edges_out(name)
-        produced = _hash_total(r, keys.produced(outs[0].upstream, outs[0].downstream)) if outs else 0
-        if plan.spec.operator(name) in plan.spec.sources:
-            # A generator commits each partition's next index (p<i>); an external stream's source its cursor
-            # there and the count of entries it consumed (n<i>).
-            counted = b"n" if plan.spec.operator(name).type == "redis_stream" else b"p"
-            ins = sum(int(v) for f, v in r.hgetall(keys.offsets(name)).items() if f.startswith(counted))
-        counts[name] = {"records_in": ins, "records_out": produced}
-    return counts
+    """Records each operator took and produced, as committed with its batches (restarts do not double
+    count); chained operators, which exchange nothing through Redis, count the same way."""
+    counts = {k.decode(): int(v) for k, v in r.hgetall(plan.keys.counts).items()}
+    return {name: {"records_in": counts.get(f"{name}:in", 0), "records_out": counts.get(f"{name}:out", 0)}
+            for name in plan.spec.topological_order()}
+
+
+def dead_letter_counts(r: redis.Redis, plan: JobPlan) -> dict[str, int]:
+    """Records each operator dead-lettered, all time (the dead-letter stream itself is capped)."""
+    totals = {k.decode(): int(v) for k, v in r.hgetall(plan.keys.dead_letter_totals).items()}
+    return {name: totals.get(name, 0) for name in plan.spec.topological_order()}
 
 
 def sink_counts(r: redis.Redis, plan: JobPlan) -> dict[str, int | None]:

@@ -75,6 +75,7 @@ def run_job(
                 latency_samples(runtime.r, runtime.keys, (started_ms + stopped_ms) // 2, stopped_ms)
             ),
             "dead_letters": int(runtime.r.xlen(runtime.keys.dead_letter)),
+            "dead_letters_by_operator": reporting.dead_letter_counts(runtime.r, runtime.plan),
             "shed": {op.decode(): int(n) for op, n in runtime.r.hgetall(runtime.keys.shed_totals).items()},
             "rescales": [json.loads(x) for x in runtime.r.lrange(runtime.keys.rescale_history, 0, -1)],
             "autoscaler": {

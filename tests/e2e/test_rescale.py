@@ -36,7 +36,7 @@ def rescaler(plan: list[tuple[float, str, int, str]], settle_s: float = 6.0):
 def test_a_stateful_stage_survives_sigkills_then_a_cli_restart_rescale(redis_server, run):
     """Workers of a stateful user function are SIGKILLed mid-stream; then `streamjobs rescale` asks the
     running job for Flink's stop-and-restart baseline (2 -> 1): exact output throughout."""
-    kills = killer([(4, "first-bid", 0), (8, "first-bid", 1), (11, "bids", 0)])
+    kills = killer([(4, "first-bid", 0), (8, "first-bid", 1), (11, "events", 0)])  # events runs `bids`, chained
     cli: list[subprocess.Popen] = []
 
     def during(runtime, elapsed: float) -> None:

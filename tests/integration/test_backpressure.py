@@ -29,7 +29,7 @@ def test_source_stops_producing_over_the_lag_bound(r):
         "metadata": {"name": "bp"},
         "spec": {
             "sources": [{"name": "words", "type": "zipf", "rate": {"recordsPerSecond": 50_000}}],
-            "sinks": [{"name": "out", "type": "redis_stream", "inputs": ["words"]}],
+            "sinks": [{"name": "out", "type": "redis_stream", "inputs": ["words"], "chain": False}],  # an edge
             "batching": {"maxLagRecords": bound},
         },
     })
@@ -153,7 +153,8 @@ def slow_stage_run(redis_server, spark, tmp_path_factory) -> Run:
         "spec": {
             "maxParallelism": 1,
             "sources": [{"name": "words", "type": "zipf", "rate": {"recordsPerSecond": RATE}}],
-            "stages": [{"name": "slow", "type": "sql", "inputs": ["words"], "simulatedCostUs": COST_US,
+            # Not chained: three workers and two edges whose bounds are under test.
+            "stages": [{"name": "slow", "type": "sql", "inputs": ["words"], "simulatedCostUs": COST_US, "chain": False,
                         "query": "SELECT word, event_time, _ingest_ms FROM input"}],
             # Parquet: the sink's rows leave Redis, which then holds only the kg streams and bookkeeping.
             "sinks": [{"name": "out", "type": "parquet", "inputs": ["slow"],

@@ -19,7 +19,8 @@ def deploy(r, on_error: str) -> JobPlan:
         "spec": {
             "maxParallelism": 4,
             "sources": [{"name": "in", "type": "redis_stream", "eventTimeField": "t"}],
-            "stages": [{"name": "twice", "type": "sql", "inputs": ["in"], "onError": on_error,
+            # Not chained: each bad input kind is met by its own worker, the kg stream's decoding included.
+            "stages": [{"name": "twice", "type": "sql", "inputs": ["in"], "onError": on_error, "chain": False,
                         "query": "SELECT k, CAST(n AS INT) * 2 AS n2, event_time, _ingest_ms FROM input"}],
             "sinks": [{"name": "out", "type": "redis_stream", "inputs": ["twice"]}],
         },

@@ -13,7 +13,7 @@ from streamjobs_core.keygroups import Assignment, Move
 from streamjobs_core.loading import parse_job
 from streamjobs_core.plan import JobPlan, read_assignment, write_assignment
 from streamjobs_core.rescale import HANDOVER, RescaleController, progress
-from streamjobs_worker.inputs import InputReader
+from streamjobs_worker.inputs import StreamInput
 from streamjobs_worker.transaction import Checkpoint, Fenced, Transaction
 from streamjobs_worker.worker import Worker
 
@@ -42,7 +42,7 @@ def test_the_marker_splits_a_key_group_between_its_old_and_its_new_owner(r, plan
     handover.start(r, plan, "agg", [Move(3, 0, 1)])
     write(r, plan, 3, [3, 4], 900)
     write(r, plan, 2, [11], 900)
-    old = InputReader(r, plan, "agg", 0, handover.owned_by(r, plan, "agg", 0))
+    old = StreamInput(r, plan, "agg", 0, handover.owned_by(r, plan, "agg", 0))
     old.restore()
     batch = old.read(100, 0)
     assert sorted(values(batch)) == [1, 2, 10, 11]  # nothing after key group 3's marker
@@ -51,14 +51,14 @@ def test_the_marker_splits_a_key_group_between_its_old_and_its_new_owner(r, plan
     assert values(old.read(100, 0)) == []  # a parked stream is not read again
 
     txn = Transaction()
-    old.stage(txn)
+    old.add_progress(txn)
     txn.hset(keys.owners("agg"), {3: 1})  # what the worker adds to the commit of that batch
     commit(r, plan, 0, txn)
     old.release(3)
     assert handover.owned_by(r, plan, "agg", 0) == (0, 1, 2, 4, 5)
     assert handover.moved_to(r, plan, "agg", 1) == [3]
 
-    new = InputReader(r, plan, "agg", 1, handover.owned_by(r, plan, "agg", 1))
+    new = StreamInput(r, plan, "agg", 1, handover.owned_by(r, plan, "agg", 1))
     new.restore()
     handover.start(r, plan, "agg", [Move(3, 0, 1)])  # a resumed controller repeats the step
     batch = new.read(100, 0)
@@ -161,13 +161,13 @@ def test_a_stream_committed_at_its_marker_stays_parked_after_a_restart(r, plan):
     write(r, plan, 3, [1], 100)
     handover.start(r, plan, "agg", [Move(3, 0, 1)])
     write(r, plan, 3, [2], 900)
-    before = InputReader(r, plan, "agg", 0, (3,))
+    before = StreamInput(r, plan, "agg", 0, (3,))
     before.restore()
     assert values(before.read(100, 0)) == [1]
     txn = Transaction()
-    before.stage(txn)  # the offset is the marker; SIGKILL before the release
+    before.add_progress(txn)  # the offset is the marker; SIGKILL before the release
     commit(r, plan, 0, txn)
-    after = InputReader(r, plan, "agg", 0, (3,))
+    after = StreamInput(r, plan, "agg", 0, (3,))
     after.restore()
     assert after.handovers() == {3: 1} and values(after.read(100, 0)) == []
 

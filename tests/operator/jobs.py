@@ -12,7 +12,7 @@ NAMESPACE = "default"
 
 
 def wordcopy(name: str, sink_parallelism: int = 1, sink_cost_us: float = 0.0, **spec) -> dict:
-    """Zipf words copied to a Redis stream sink: two operators, no SparkSession to wait for. With
+    """Zipf words copied to a Redis stream sink: two operators (not chained), no SparkSession to wait for. With
     `sink_cost_us`, each sink instance copies at most 1e6 / sink_cost_us records per second."""
     return {
         "apiVersion": "streamjobs.dev/v1alpha1",
@@ -22,8 +22,9 @@ def wordcopy(name: str, sink_parallelism: int = 1, sink_cost_us: float = 0.0, **
             "maxParallelism": 12,
             "sources": [{"name": "words", "type": "zipf", "vocabulary": 50,
                          "rate": {"recordsPerSecond": 150}}],
+            # Not chained to the source: two operators, two StatefulSets, each rescaled on its own.
             "sinks": [{"name": "copies", "type": "redis_stream", "inputs": ["words"], "parallelism": sink_parallelism,
-                       "simulatedCostUs": sink_cost_us}],
+                       "simulatedCostUs": sink_cost_us, "chain": False}],
             "batching": {"minIntervalMs": 100, "maxWaitMs": 50},
             **spec,
         },

@@ -1,4 +1,7 @@
-"""Reading an instance's owned kg streams, with in-band watermarks.
+"""A worker's input: its source, or its owned kg streams with in-band watermarks.
+
+`Input` is what the worker loop reads batches from; `StreamInput` (here) reads
+the kg streams an instance owns, `SourceInput` (source_input.py) polls a source.
 
 Every entry carries its producer's watermark for the producer's key groups
 (`runs`). Per stream we keep one watermark per upstream key group; a stream's
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import msgpack
 import numpy as np
@@ -24,6 +28,7 @@ import redis
 from streamjobs_core.codec import DecodeError, decode
 from streamjobs_core.plan import Edge, JobPlan, key_group_lag
 
+from . import phases
 from .transaction import Transaction
 
 MIN_WATERMARK = -(2**63)
@@ -49,14 +54,54 @@ class InputBatch:
     records: int = 0
     entries: int = 0
     full: bool = False
-    bad: list[tuple[str, bytes, str]] = field(default_factory=list)  # (stream, entry id, error)
+    # (stream, entry id, error, record as JSON or "") of what could not be decoded: dead-lettered with the batch
+    bad: list[tuple[str, bytes, str, str]] = field(default_factory=list)
+    watermark: int = MIN_WATERMARK  # the instance's input watermark after this batch
+    waited_s: float = 0.0  # time the read spent waiting for records to fall due (idle, not busy)
 
     def table(self, upstream: str) -> pa.Table | None:
         parts = self.tables.get(upstream)
         return pa.concat_tables(parts, promote_options="permissive") if parts else None
 
+    def absorb(self, later: InputBatch) -> None:
+        """Add a later read of the same input: the batch then covers both (nothing was processed between)."""
+        for upstream, parts in later.tables.items():
+            self.tables.setdefault(upstream, []).extend(parts)
+        self.watermarks = later.watermarks
+        self.records += later.records
+        self.entries += later.entries
+        self.full = later.full
+        self.bad.extend(later.bad)
+        self.watermark = later.watermark
+        self.waited_s += later.waited_s
 
-class InputReader:
+
+class Input(Protocol):
+    """Where a worker's batches come from. Progress (offsets, watermarks) goes into the batch's commit."""
+
+    def restore(self) -> None:
+        """Resume from the committed progress of the owned key groups (or source partitions)."""
+
+    def read(self, budget: int, block_ms: int) -> InputBatch:
+        """What arrived since the last read; waits up to block_ms when nothing did."""
+
+    def add_progress(self, txn: Transaction) -> None:
+        """Put the progress of what was read into the transaction that commits its batch."""
+
+    def acquire(self, kgs) -> None:
+        """Read these key groups (source partitions) too, from their last owner's commit."""
+
+    def release(self, kg: int) -> None:
+        """Stop reading a key group whose progress was committed with its release."""
+
+    def handovers(self) -> dict[int, int]:
+        """Key groups to release at the next commit because their markers were reached, with the new owner."""
+
+    def key_group_watermarks(self) -> dict[int, int]:
+        """The input watermark of every owned key group."""
+
+
+class StreamInput:
     def __init__(self, r: redis.Redis, plan: JobPlan, op: str, instance: int, owned: tuple[int, ...]) -> None:
         self._r = r
         self._plan = plan
@@ -117,17 +162,21 @@ class InputReader:
                     self._streams[name].marker = marker
 
     def read(self, count: int, block_ms: int) -> InputBatch:
+        """Up to `count` entries per stream; blocks until an entry arrives on any of them or block_ms pass."""
         batch = InputBatch()
         cursors = {name: s.cursor for name, s in self._streams.items() if s.marker is None}
         if cursors:
-            reply = self._r.xread(cursors, count=count, block=block_ms or None)
-            for name, entries in reply:
-                stream = self._streams[name.decode() if isinstance(name, bytes) else name]
-                batch.full |= len(entries) >= count
-                self._take(stream, entries, batch)
+            with phases.phase("read"):
+                reply = self._r.xread(cursors, count=count, block=block_ms or None)
+            with phases.phase("decode"):
+                for name, entries in reply:
+                    stream = self._streams[name.decode() if isinstance(name, bytes) else name]
+                    batch.full |= len(entries) >= count
+                    self._take(stream, entries, batch)
         elif block_ms:
             time.sleep(block_ms / 1000)  # owns nothing (yet), or waits for its release: no busy loop
         batch.watermarks = self.key_group_watermarks()
+        batch.watermark = self.watermark
         return batch
 
     def _take(self, stream: _Stream, entries, batch: InputBatch) -> None:
@@ -138,7 +187,7 @@ class InputReader:
             try:
                 entry = decode(fields)
             except DecodeError as exc:
-                batch.bad.append((stream.key, entry_id, str(exc)))
+                batch.bad.append((stream.key, entry_id, str(exc), ""))
                 continue
             if entry.marker is not None:
                 if entry.marker != self._instance:  # one naming this instance is a resumed controller's repeat
@@ -167,7 +216,7 @@ class InputReader:
             out[s.kg] = min(out.get(s.kg, mark), mark)
         return out
 
-    def stage(self, txn: Transaction) -> None:
+    def add_progress(self, txn: Transaction) -> None:
         """Add the offsets, watermark progress and trims of what was read to the transaction."""
         keys = self._plan.keys
         for stream in self._streams.values():

@@ -3,8 +3,9 @@
 A keyed edge routes each record by hash(key) to its key group; an unkeyed edge
 spreads chunks of the batch round-robin over the key groups. Either way the
 routing depends on maxParallelism only, never on who owns a key group now.
-Streams that got no data hear the new watermark through a heartbeat entry, or
-windows downstream would never fire.
+Streams that got no data hear the new watermark through a heartbeat entry in
+the same commit, or windows downstream would never fire (and would fire late
+if heartbeats waited for a timer).
 """
 
 from __future__ import annotations
@@ -12,15 +13,14 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 from streamjobs_core.codec import encode
-from streamjobs_core.generators import MAX_WATERMARK
 from streamjobs_core.keygroups import key_groups_of
 from streamjobs_core.plan import Edge, JobPlan
 
+from . import phases
 from .inputs import MIN_WATERMARK
 from .transaction import Transaction
 
 _CHUNK_RECORDS = 2048
-HEARTBEAT_S = 0.2
 
 
 class MissingKeyColumn(ValueError):
@@ -35,7 +35,6 @@ class OutputRouter:
         self._edges = plan.edges_out(op)
         self._key_groups = plan.spec.max_parallelism
         self._told: dict[str, int] = {}
-        self._last_heartbeat = 0.0
         self._round_robin = 0
 
     def speak_for(self, runs: list[tuple[int, int]]) -> None:
@@ -43,11 +42,15 @@ class OutputRouter:
         self._runs = runs
         self._told.clear()  # what each stream was told spoke for other key groups: tell them all again
 
-    def route(self, table: pa.Table | None, watermark: int, txn: Transaction, now: float) -> int:
-        """Stage the batch's output and heartbeats; return the records written per edge (summed)."""
+    def route(self, table: pa.Table | None, watermark: int, txn: Transaction) -> int:
+        """Add the batch's output and heartbeats to the transaction; return the records written per edge
+        (summed)."""
+        with phases.phase("encode"):
+            return self._route(table, watermark, txn)
+
+    def _route(self, table: pa.Table | None, watermark: int, txn: Transaction) -> int:
         written = 0
         keys = self._plan.keys
-        heartbeat_due = now - self._last_heartbeat >= HEARTBEAT_S or watermark == MAX_WATERMARK
         for edge in self._edges:
             touched: set[int] = set()
             if table is not None and table.num_rows:
@@ -58,15 +61,11 @@ class OutputRouter:
                     self._told[key] = watermark
                     touched.add(kg)
                     written += part.num_rows
-            if not heartbeat_due:
-                continue
             for kg in range(self._key_groups):
                 key = keys.kg_stream(self._op, edge.downstream, kg)
                 if kg not in touched and self._told.get(key, MIN_WATERMARK) < watermark:
                     txn.xadd(key, encode(None, watermark, self._runs))
                     self._told[key] = watermark
-        if heartbeat_due:
-            self._last_heartbeat = now
         return written
 
     def _split(self, edge: Edge, table: pa.Table) -> list[tuple[int, pa.Table]]:

@@ -25,6 +25,8 @@ def session(master: str | None = None, memory: str | None = None) -> SparkSessio
         .config("spark.sql.shuffle.partitions", "1")
         .config("spark.sql.adaptive.enabled", "false")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .config("spark.sql.execution.arrow.localRelationThreshold", "0")
+        .config("spark.sql.execution.arrow.maxRecordsPerBatch", "1000000")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.driver.memory", memory or os.environ.get("STREAMJOBS_SPARK_MEMORY", "1g"))
         .config("spark.driver.extraJavaOptions", "-XX:+UseSerialGC")

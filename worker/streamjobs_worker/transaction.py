@@ -15,7 +15,9 @@ from dataclasses import dataclass, field
 import redis
 from streamjobs_core.layout import JobKeys
 
+from . import recovery
 from .recovery import changelog_fields
+from .state import KeyGroupStore
 
 
 class Fenced(RuntimeError):
@@ -48,7 +50,16 @@ class Transaction:
 
 
 class Checkpoint:
-    def __init__(self, r: redis.Redis, keys: JobKeys, op: str, instance: int, incarnation: int) -> None:
+    """Owns the order in which a batch becomes durable: drain the state changes into the transaction ->
+    fenced commit -> release the key groups handed over in it -> snapshot what changed, when due.
+
+    Every write, snapshots included, is fenced by the instance's incarnation and its operator's
+    assignment generation: a worker that was replaced (a restart, a revoking rescale) can neither commit
+    nor overwrite a newer owner's snapshot with state it no longer owns.
+    """
+
+    def __init__(self, r: redis.Redis, keys: JobKeys, op: str, instance: int, incarnation: int,
+                 store: KeyGroupStore | None = None, snapshot_every_batches: int = 50) -> None:
         self._r = r
         self._keys = keys
         self._op = op
@@ -56,46 +67,95 @@ class Checkpoint:
         self._assignment_key = keys.assignment(op)
         self._incarnation = incarnation
         self._generation: bytes | None = None
+        self._store = store
+        self._snapshot_every = snapshot_every_batches
+        self._batches = 0
+        self.changelog_ids: dict[int, bytes] = {}  # per key group: the last changelog entry committed or applied
+        self._unsnapshotted: set[int] = set()
+        self._snapshot_sizes: dict[int, int] = {}
+
+    def complete(self, txn: Transaction, releases: dict[int, int],
+                 let_go: Callable[[dict[int, int]], None]) -> int | None:
+        """Make the batch durable; `releases` (key group -> new owner) go in its commit and `let_go` drops
+        them after it. Returns the bytes of state snapshotted when a snapshot was due, else None."""
+        if self._store is not None:
+            for kg, changes in self._store.drain_changes().items():
+                txn.changelog[kg] = changes
+        if releases:
+            txn.hset(self._keys.owners(self._op), releases)
+        if not txn.empty:
+            ids = self.commit(txn)
+            self.changelog_ids.update(ids)
+            self._unsnapshotted.update(ids)
+        if releases:
+            let_go(releases)  # before any snapshot: the new owner's changelog is not ours to trim
+            for kg in releases:
+                self.changelog_ids.pop(kg, None)
+                self._unsnapshotted.discard(kg)
+                self._snapshot_sizes.pop(kg, None)
+        self._batches += 1
+        if self._batches % self._snapshot_every == 0 and self._unsnapshotted:
+            return self.snapshot()
+        return None
+
+    def snapshot(self) -> int:
+        """Snapshot every key group changed since its last snapshot; the state bytes held in snapshots."""
+        kgs = sorted(self._unsnapshotted)
+
+        def queue(pipe) -> None:
+            for kg in kgs:
+                self._snapshot_sizes[kg] = recovery.write_snapshot(
+                    pipe, self._keys, self._op, kg, self.changelog_ids[kg], self._store.table(kg))
+
+        self._fenced(queue)
+        self._unsnapshotted.clear()
+        return sum(self._snapshot_sizes.values())
 
     def commit(self, txn: Transaction) -> dict[int, bytes]:
         """Apply the transaction atomically; return the changelog entry id of every changed key group."""
-        while True:
-            try:
-                results, kgs = self._try_commit(txn)
-                break
-            except redis.WatchError:
-                continue  # the assignment was rewritten: the next try says whether that fences us
+        kgs = sorted(txn.changelog)
+        results = self._fenced(lambda pipe: self._queue(pipe, txn, kgs))
         changelog_ids = results[len(txn.xadds) : len(txn.xadds) + len(kgs)]
         for callback in txn.after_commit:
             callback()
         return dict(zip(kgs, changelog_ids))
 
-    def _try_commit(self, txn: Transaction) -> tuple[list, list[int]]:
-        with self._r.pipeline(transaction=True) as pipe:
-            pipe.watch(self._incarnation_key, self._assignment_key)
-            current = pipe.get(self._incarnation_key)
-            generation, epoch = pipe.hmget(self._assignment_key, ["generation", "epoch"])
-            generation = generation or epoch  # assignments written before generations existed
-            if current is None or int(current) != self._incarnation:
-                raise Fenced(f"incarnation {self._incarnation} superseded by {current!r}")
-            if self._generation is None:
-                self._generation = generation
-            elif generation != self._generation:
-                raise Fenced(f"assignment generation changed to {generation!r}: the key groups were reassigned")
-            pipe.multi()
-            for key, fields, maxlen in txn.xadds:
-                pipe.xadd(key, fields, maxlen=maxlen, approximate=True)
-            kgs = sorted(txn.changelog)
-            for kg in kgs:
-                pipe.xadd(self._keys.changelog(self._op, kg), changelog_fields(txn.changelog[kg]))
-            for key, mapping in txn.hsets.items():
-                pipe.hset(key, mapping=mapping)
-            for key, field_, amount in txn.hincrs:
-                pipe.hincrby(key, field_, amount)
-            for key, minid in txn.trims.items():
-                pipe.xtrim(key, minid=minid)
-            for key, value in txn.rpushes:
-                pipe.rpush(key, value)
-            for key, value in txn.sadds:
-                pipe.sadd(key, value)
-            return pipe.execute(), kgs
+    def _fenced(self, queue: Callable[[redis.client.Pipeline], None]) -> list:
+        """Run the commands `queue` adds in one MULTI/EXEC, unless this instance was fenced off."""
+        while True:
+            try:
+                with self._r.pipeline(transaction=True) as pipe:
+                    pipe.watch(self._incarnation_key, self._assignment_key)
+                    self._check(pipe)
+                    pipe.multi()
+                    queue(pipe)
+                    return pipe.execute()
+            except redis.WatchError:
+                continue  # the assignment was rewritten: the next try says whether that fences us
+
+    def _check(self, pipe) -> None:
+        current = pipe.get(self._incarnation_key)
+        generation, epoch = pipe.hmget(self._assignment_key, ["generation", "epoch"])
+        generation = generation or epoch  # assignments written before generations existed
+        if current is None or int(current) != self._incarnation:
+            raise Fenced(f"incarnation {self._incarnation} superseded by {current!r}")
+        if self._generation is None:
+            self._generation = generation
+        elif generation != self._generation:
+            raise Fenced(f"assignment generation changed to {generation!r}: the key groups were reassigned")
+
+    def _queue(self, pipe, txn: Transaction, kgs: list[int]) -> None:
+        for key, fields, maxlen in txn.xadds:
+            pipe.xadd(key, fields, maxlen=maxlen, approximate=True)
+        for kg in kgs:
+            pipe.xadd(self._keys.changelog(self._op, kg), changelog_fields(txn.changelog[kg]))
+        for key, mapping in txn.hsets.items():
+            pipe.hset(key, mapping=mapping)
+        for key, field_, amount in txn.hincrs:
+            pipe.hincrby(key, field_, amount)
+        for key, minid in txn.trims.items():
+            pipe.xtrim(key, minid=minid)
+        for key, value in txn.rpushes:
+            pipe.rpush(key, value)
+        for key, value in txn.sadds:
+            pipe.sadd(key, value)

@@ -1,0 +1,141 @@
+"""The operators one worker runs on each batch: its chain (core's chaining.py), head first.
+
+The head's batch flows through every member in the same micro-batch and the
+same commit: a stage's output is the next member's input, a chained sink writes
+into the commit. Each member keeps its own metrics, committed counts,
+dead letters and late records, so the job still shows every operator.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+import pyarrow as pa
+from streamjobs_core.chaining import Chain
+from streamjobs_core.plan import JobPlan
+
+from . import phases, poison
+from .inputs import InputBatch
+from .metrics import WorkerMetrics
+from .sinks import make_sink
+from .stages import make_stage
+from .state import KeyGroupStore
+from .transaction import Transaction
+
+_LATENCY_SAMPLES = 200
+
+
+@dataclass
+class _Member:
+    op: str
+    spec: Any
+    metrics: WorkerMetrics
+    stage: Any = None  # a stage's operator logic, on the worker's SparkSession
+    sink: Any = None
+
+
+class OperatorChain:
+    def __init__(self, plan: JobPlan, chain: Chain, instance: int, store: KeyGroupStore,
+                 metrics: WorkerMetrics) -> None:
+        self._plan = plan
+        self.chain = chain
+        spec = plan.spec
+        self.members: list[_Member] = []
+        for op in chain.operators:
+            operator = spec.operator(op)
+            member = _Member(op, operator, metrics if op == chain.head else metrics.follower(op))
+            if operator in spec.sinks:
+                member.sink = make_sink(plan, op, instance)
+            elif operator in spec.stages:
+                # Only a head can hold keyed state: a chained member is stateless (chaining.forward).
+                member.stage = make_stage(operator, store, spec.max_parallelism)
+            self.members.append(member)
+
+    @property
+    def stages(self) -> list[Any]:
+        return [m.stage for m in self.members if m.stage is not None]
+
+    @property
+    def sinks(self) -> list[str]:
+        return [m.op for m in self.members if m.sink is not None]
+
+    @property
+    def head_stage(self) -> Any:
+        return self.members[0].stage
+
+    def process(self, batch: InputBatch, txn: Transaction) -> tuple[pa.Table | None, int]:
+        """Run the batch through every member; the tail's output and watermark."""
+        keys = self._plan.keys
+        output, watermark = None, batch.watermark
+        for i, member in enumerate(self.members):
+            if i == 0 and member.stage is None and member.sink is None:  # a source: its input is its output
+                output = batch.table(member.op)
+                records_in = batch.records
+            else:
+                if i > 0:
+                    batch = InputBatch(tables={self.members[i - 1].op: [output]} if output is not None else {},
+                                       watermarks=batch.watermarks, records=output.num_rows if output else 0,
+                                       watermark=watermark)
+                records_in = batch.records
+                output, watermark = self._run(member, batch, watermark, txn)
+            written = output.num_rows if output is not None else 0
+            member.metrics.records_in.inc(records_in)
+            if member is not self.members[-1]:
+                member.metrics.records_out.inc(written)  # the tail's are counted per edge as they are routed
+            # Committed with the batch, so a replayed batch does not count twice (the run report reads these).
+            if records_in:
+                txn.hincrby(keys.counts, f"{member.op}:in", records_in)
+            if written:
+                txn.hincrby(keys.counts, f"{member.op}:out", written)
+        return output, watermark
+
+    def _run(self, member: _Member, batch: InputBatch, watermark: int, txn: Transaction):
+        if member.spec.simulated_cost_us and batch.records:
+            # Sleeping, not spinning: on few cores, more instances then really add capacity.
+            time.sleep(member.spec.simulated_cost_us * batch.records / 1e6)
+        if member.sink is not None:
+            for upstream in member.spec.inputs:
+                table = batch.table(upstream)
+                if table is not None:
+                    self._observe_latency(member, table, txn)
+                    with phases.phase("encode"):
+                        member.sink.write(table, txn)
+            return None, watermark
+        stage = member.stage
+        if member.spec.on_error == "fail":
+            output, out_watermark = stage.process(batch, watermark)
+        else:
+            output, out_watermark, rejected = poison.process(stage, batch, watermark)
+            for bad in rejected:
+                record = json.dumps(bad.record, default=str)
+                dead_letter(txn, self._plan, member.op, f"{bad.upstream}>{member.op}", b"", bad.error, record,
+                            member.metrics)
+        if stage.late_records:
+            member.metrics.late_records.inc(stage.late_records)
+            stage.late_records = 0
+        return output, out_watermark
+
+    def _observe_latency(self, member: _Member, table: pa.Table, txn: Transaction) -> None:
+        if "_ingest_ms" not in table.column_names or not table.num_rows:
+            return
+        ingest = table.column("_ingest_ms").to_numpy()
+        step = max(1, len(ingest) // _LATENCY_SAMPLES)
+        now_ms = time.time() * 1000
+        sample = (now_ms - ingest[::step]).astype(int).tolist()
+        for value in sample:
+            member.metrics.latency.observe(value / 1000)
+        txn.xadd(self._plan.keys.latency_samples, {"t": int(now_ms), "l": msgpack.packb(sample)}, 20_000)
+
+
+def dead_letter(txn: Transaction, plan: JobPlan, op: str, stream: str, entry_id: bytes, error: str, record: str,
+                metrics: WorkerMetrics) -> None:
+    """A record the operator could not take, with why: into the dead-letter stream, counted per operator."""
+    keys = plan.keys
+    txn.xadd(keys.dead_letter, {"operator": op, "stream": stream, "id": entry_id, "error": error, "record": record},
+             100_000)
+    txn.hincrby(keys.dead_letter_totals, op, 1)
+    metrics.dead_letters.inc()

@@ -1,0 +1,112 @@
+"""A source as a worker's input: poll it, shed load past its bound, collect its undecodable records.
+
+Between polls a generator source sleeps (pacing.py says how long: a tick while
+it keeps up), an external stream's source blocks on its input streams for as
+long, so a record that arrives wakes it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pyarrow as pa
+import redis
+from streamjobs_core import shedding
+from streamjobs_core.plan import JobPlan
+
+from .inputs import InputBatch
+from .metrics import WorkerMetrics
+from .sources import RedisInputSource, make_source
+from .transaction import Transaction
+
+_CONTROL_EVERY_S = 0.2
+
+
+class SourceInput:
+    def __init__(self, r: redis.Redis, plan: JobPlan, op: str, owned: tuple[int, ...], metrics: WorkerMetrics) -> None:
+        self._r = r
+        self._plan = plan
+        self._op = op
+        self._spec = plan.spec.operator(op)
+        self._metrics = metrics
+        self.source = make_source(r, plan, op, owned)
+        self._stop_requested = False
+        self._last_control = 0.0
+        self._shed_log: list[tuple[dict, int]] = []  # shed log entries and counts of the batch, not committed yet
+
+    def restore(self) -> None:
+        self.source.restore()
+
+    def read(self, budget: int, block_ms: int) -> InputBatch:
+        started = time.time()
+        if started - self._last_control >= _CONTROL_EVERY_S:
+            self._stop_requested = self._r.hget(self._plan.keys.control, "stop") is not None
+            self._last_control = started
+        if isinstance(self.source, RedisInputSource):
+            table, watermark = self.source.poll(budget, started, self._stop_requested, block_ms)
+            waited = time.time() - started if table is None else 0.0
+        else:
+            time.sleep(block_ms / 1000)
+            waited = block_ms / 1000
+            table, watermark = self.source.poll(budget, time.time(), self._stop_requested)
+        self._metrics.source_pending.set(self.source.pending)
+        batch = InputBatch(watermark=watermark)
+        polled = table.num_rows if table is not None else 0
+        batch.records = polled
+        load_shedding = getattr(self._spec, "load_shedding", None)
+        if polled and load_shedding is not None and self.source.pending > load_shedding.max_backlog_records:
+            table = self._shed(table, load_shedding)
+        if table is not None and table.num_rows:
+            batch.tables[self._op] = [table]
+        batch.bad = [(stream, entry_id, error, json.dumps(record)) for stream, entry_id, error, record in self.source.bad]
+        self.source.bad.clear()
+        batch.watermarks = self.key_group_watermarks()
+        batch.waited_s = waited
+        return batch
+
+    @property
+    def behind(self) -> bool:
+        """The last poll left records that were due (or waiting in Redis) for the next one."""
+        return self.source.behind
+
+    def _shed(self, table: pa.Table, load_shedding) -> pa.Table | None:
+        """Drop part of the batch; logged with the offsets it commits with, so it is never silent and an
+        oracle repeats the choice."""
+        mask = shedding.shed_mask(table, load_shedding, self.source.ranges)
+        shed = int(mask.sum())
+        if shed:
+            entry = shedding.log_entry(self._op, shed, table.num_rows - shed, self.source.ranges,
+                                       self.source.shed_ids(mask))
+            self._shed_log.append((entry, shed))
+        return table.filter(pa.array(~mask)) if shed < table.num_rows else None
+
+    def add_progress(self, txn: Transaction) -> None:
+        keys = self._plan.keys
+        for entry, shed in self._shed_log:
+            txn.xadd(keys.shed, entry, 100_000)
+            txn.hincrby(keys.shed_totals, self._op, shed)
+            txn.after_commit.append(lambda shed=shed: self._metrics.shed_records.inc(shed))
+        self._shed_log.clear()
+        self.source.stage(txn)
+
+    def acquire(self, kgs) -> None:
+        self.source.acquire(kgs)
+
+    def release(self, kg: int) -> None:
+        self.source.release(kg)
+
+    def handovers(self) -> dict[int, int]:
+        return {}  # a source partition has no stream to mark: it moves only when asked (release requests)
+
+    @property
+    def watermark(self) -> int:
+        return self.source.watermark()
+
+    def key_group_watermarks(self) -> dict[int, int]:
+        mark = self.source.watermark()
+        return {p: mark for p in self.source.partitions}
+
+    @property
+    def finished(self) -> bool:
+        return self.source.finished
