@@ -12,7 +12,7 @@ from streamjobs_core.keygroups import key_groups_of
 from streamjobs_core.spec import WindowAggregateStage
 from streamjobs_worker.inputs import InputBatch
 from streamjobs_worker.stages import WindowAggregate
-from streamjobs_worker.state import KeyGroupStore
+from streamjobs_worker.state import KeyGroupStore, open_store
 
 MAX_P = 12
 
@@ -45,16 +45,17 @@ def rows(table: pa.Table) -> dict:
     return {(r["k"], r["window_start"]): (r["n"], r["total"], r["mean"], r["lo"], r["hi"]) for r in table.to_pylist()}
 
 
+@pytest.mark.parametrize("backend", ["memory", "rocksdb"])
 @pytest.mark.parametrize("window", [{"type": "tumbling", "sizeMs": 1000},
                                     {"type": "sliding", "sizeMs": 3000, "slideMs": 1000}])
-def test_incremental_windows_equal_brute_force(spark, window):
+def test_incremental_windows_equal_brute_force(spark, window, backend, tmp_path):
     rng = np.random.default_rng(7)
     n = 3000
     keys = [f"k{i}" for i in rng.integers(0, 20, n)]
     values = rng.integers(-50, 100, n).tolist()
     times = np.sort(rng.integers(0, 10_000, n)).tolist()
     spec = stage(window)
-    logic = WindowAggregate(spec, KeyGroupStore(range(MAX_P)), MAX_P)
+    logic = WindowAggregate(spec, open_store(backend, range(MAX_P), str(tmp_path / "state")), MAX_P)
     fired: dict = {}
     for chunk in np.array_split(np.arange(n), 4):
         lo, hi = int(chunk[0]), int(chunk[-1]) + 1
@@ -71,7 +72,7 @@ def test_incremental_windows_equal_brute_force(spark, window):
     assert fired.keys() == expected.keys()
     for key, value in expected.items():
         assert fired[key] == pytest.approx(value), key
-    assert not any(any(True for _ in logic.store.items(kg)) for kg in logic.store.key_groups), "fired windows leave no state"
+    assert all(logic.store.table(kg) is None for kg in logic.store.key_groups), "fired windows leave no state"
 
 
 def test_late_records_are_dropped_and_counted_lateness_delays_firing(spark):
@@ -108,9 +109,9 @@ def test_restore_rebuilds_timers_from_state(spark):
     first.process(batch(["x", "y"], [1, 2], [100, 200]), 500)
     changes = first.store.drain_changes()
     store = KeyGroupStore(range(MAX_P))
-    for kg, items in changes.items():
-        store.apply(kg, items)
     second = WindowAggregate(spec, store, MAX_P)
+    for kg, entry in changes.items():
+        store.apply(kg, entry)
     second.restore()
     out, _ = second.process(InputBatch(), 1000)
     assert rows(out) == {("x", 0): (1, 1, 1.0, 1, 1), ("y", 0): (1, 2, 2.0, 2, 2)}
@@ -129,7 +130,9 @@ def test_a_key_group_taken_over_behind_the_others_fires_and_drops_by_its_own_wat
     out, _ = logic.process(first, 5000)
     assert rows(out) == {("a", 4000): (1, 1, 1.0, 1, 1)}
 
-    store.load(behind, [(("b", 1000), (1, 7, 7, 1, 7, 7))])  # its state as the old owner left it
+    # Its state as the old owner left it: count, sum, avg's sum and count, min, max of window [1000, 2000).
+    store.load(behind, pa.table({"k": ["b"], "ws": [1000], "p0_0": [1], "p1_0": [7], "p2_0": [7], "p2_1": [1],
+                                 "p3_0": [7], "p4_0": [7]}))
     logic.acquire(behind)
     lagging = batch(["b", "b"], [2, 3], [1500, 2100])
     lagging.watermarks = {ahead: 5000, behind: 1900}
@@ -147,3 +150,21 @@ def test_a_key_group_taken_over_behind_the_others_fires_and_drops_by_its_own_wat
     late.watermarks = {ahead: 5000}
     logic.process(late, 5000)
     assert logic.late_records == 1  # the key group that stayed keeps its own watermark
+
+
+def test_results_keep_their_columns_types_and_nulls_merge_across_batches(spark):
+    logic = WindowAggregate(stage({"type": "tumbling", "sizeMs": 1000}), KeyGroupStore(range(MAX_P)), MAX_P)
+    first = pa.table({"k": pa.array(["a", "a", "b", None]), "v": pa.array([3, 4, None, 5], pa.int32()),
+                      "event_time": pa.array([100, 200, 300, 400], pa.int64())})
+    assert logic.process(InputBatch(tables={"src": [first]}, records=4), 500)[0] is None
+    second = pa.table({"k": pa.array(["a", "b"]), "v": pa.array([None, None], pa.int32()),
+                       "event_time": pa.array([500, 600], pa.int64())})
+    out, _ = logic.process(InputBatch(tables={"src": [second]}, records=2), MAX_WATERMARK)
+    assert out.schema == pa.schema([
+        ("k", pa.string()), ("window_start", pa.int64()), ("window_end", pa.int64()), ("n", pa.int64()),
+        ("total", pa.int64()), ("mean", pa.float64()), ("lo", pa.int32()), ("hi", pa.int32()),
+        ("event_time", pa.int64()), ("_ingest_ms", pa.int64()),
+    ])
+    assert rows(out) == {("a", 0): (3, 7, 3.5, 3, 4), ("b", 0): (2, None, None, None, None),
+                         (None, 0): (1, 5, 5.0, 5, 5)}
+    assert out.column("event_time").to_pylist() == [999] * 3 and out.column("window_end").to_pylist() == [1000] * 3

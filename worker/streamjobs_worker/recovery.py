@@ -2,17 +2,24 @@
 
 A snapshot holds a key group's whole state and the id of the last changelog
 entry it includes; the changelog is trimmed up to that id in the same
-transaction, so Redis keeps one snapshot plus a short tail per key group.
+transaction, so Redis keeps one snapshot plus a short tail per key group. Both
+are columnar: a snapshot is the key group's rows as one Arrow IPC stream (the
+covered id in its schema's metadata), a changelog entry a ChangeSet (rows
+upserted and keys deleted as Arrow IPC, the cut as a number). A restore or a
+catch-up folds a key group's entries into one ChangeSet and applies that once.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
+import pyarrow as pa
 import redis
 from streamjobs_core.layout import JobKeys
 
-from .state import KeyGroupStore, pack, unpack
+from .state import ChangeLog, ChangeSet, KeyGroupStore, from_ipc, to_ipc
+
+_COVERED = b"covered"
 
 
 def restore(
@@ -41,15 +48,20 @@ def catch_up(
     while pending:
         for kg, covered in _covered(r, keys, op, pending).items():
             if _newer(covered, applied.get(kg)):
-                covered, items = unpack(r.get(keys.snapshot(op, kg)))
-                store.load(kg, items)
+                covered, table = read_snapshot(r.get(keys.snapshot(op, kg)))
+                store.load(kg, table)
                 applied[kg] = covered
+        log = ChangeLog()
+        pipe = r.pipeline(transaction=False)
         for kg in pending:
-            start = b"(" + applied[kg] if kg in applied else b"-"
-            for entry_id, fields in r.xrange(keys.changelog(op, kg), min=start):
-                store.apply(kg, unpack(fields[b"c"]))
+            pipe.xrange(keys.changelog(op, kg), min=b"(" + applied[kg] if kg in applied else b"-")
+        for kg, found in zip(pending, pipe.execute()):
+            for entry_id, fields in found:
+                log.add(kg, read_changes(fields))
                 applied[kg] = entry_id
                 entries += 1
+        for kg, changes in log.fold(store.layout).items():
+            store.apply(kg, changes)
         pending = [kg for kg, covered in _covered(r, keys, op, pending).items() if _newer(covered, applied.get(kg))]
     return entries
 
@@ -78,22 +90,45 @@ def snapshot(
     for kg in kgs:
         if kg not in last_ids:
             continue
-        written += write_snapshot(pipe, keys, op, kg, last_ids[kg], store.items(kg))
+        written += write_snapshot(pipe, keys, op, kg, last_ids[kg], store.table(kg))
     pipe.execute()
     return written
 
 
-def write_snapshot(pipe, keys: JobKeys, op: str, kg: int, covered: bytes, items: Iterable) -> int:
-    """Queue a key group's snapshot covering changelog entry `covered` and the trim of what it covers."""
-    data = pack([covered, list(items)])
+def write_snapshot(pipe, keys: JobKeys, op: str, kg: int, covered: bytes, table: pa.Table | None) -> int:
+    """Queue a key group's snapshot (its rows) covering changelog entry `covered` and the trim of what it covers."""
+    data = to_ipc(pa.table({}) if table is None else table, {_COVERED: covered})
     pipe.set(keys.snapshot(op, kg), data)
     pipe.hset(keys.snapshot_ids(op), str(kg), covered)
     pipe.xtrim(keys.changelog(op, kg), minid=_after(covered))
     return len(data)
 
 
-def changelog_fields(changes: list) -> dict[bytes, bytes]:
-    return {b"c": pack(changes)}
+def read_snapshot(data: bytes) -> tuple[bytes, pa.Table | None]:
+    """(the last changelog id it covers, the key group's rows or None when it had none)."""
+    table = from_ipc(data)
+    covered = table.schema.metadata[_COVERED]
+    return covered, (table.replace_schema_metadata(None) if table.num_rows else None)
+
+
+def changelog_fields(changes: ChangeSet) -> dict[bytes, bytes]:
+    fields = {}
+    if changes.upserts is not None:
+        fields[b"u"] = to_ipc(changes.upserts)
+    if changes.deletes is not None:
+        fields[b"d"] = to_ipc(changes.deletes)
+    if changes.cut is not None:
+        fields[b"x"] = str(changes.cut).encode()
+    return fields
+
+
+def read_changes(fields: dict[bytes, bytes]) -> ChangeSet:
+    upserts, deletes, cut = fields.get(b"u"), fields.get(b"d"), fields.get(b"x")
+    return ChangeSet(
+        None if upserts is None else from_ipc(upserts),
+        None if deletes is None else from_ipc(deletes),
+        None if cut is None else int(cut),
+    )
 
 
 def _after(entry_id: bytes) -> bytes:

@@ -4,16 +4,17 @@
 batch's partial aggregates per (key, window) and merges them into keyed state;
 `stateful` hands the user function the batch and the state of the batch's keys.
 Both keep state per key group (state.py) so it can be restored and moved per
-key group.
+key group, as Arrow tables: what Spark returns merges into state, and state
+goes to Spark, over whole columns, never a Python loop per key.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from streamjobs_core.generators import MAX_WATERMARK
@@ -22,7 +23,7 @@ from streamjobs_core.spec import StatefulStage, WindowAggregateStage
 
 from . import spark
 from .inputs import MIN_WATERMARK
-from .state import KeyGroupStore
+from .state import KG, KeyGroupStore, StateLayout, groups_of, last_per_key, replace_rows, take
 
 
 def load_function(ref: str) -> Callable[..., Any]:
@@ -54,7 +55,7 @@ class _SparkStage:
             else:
                 continue
             # One chunk: Spark would otherwise make a partition per tiny entry.
-            df = self.spark.createDataFrame(table.combine_chunks())
+            df = self.spark.createDataFrame(table.combine_chunks()).coalesce(1)
             if self.spec.where:
                 df = df.filter(self.spec.where)
             df.createOrReplaceTempView(view_name(upstream))
@@ -94,6 +95,14 @@ class PySparkStage(_SparkStage):
 
 _PARTIALS = {"count": ("count(*)",), "sum": ("sum({c})",), "avg": ("sum({c})", "count({c})"),
              "min": ("min({c})",), "max": ("max({c})",)}
+# How two partials of one (key, window) merge: counts and sums add up.
+_MERGES = {"count": ("sum",), "sum": ("sum",), "avg": ("sum", "sum"), "min": ("min",), "max": ("max",)}
+
+_LOCAL_THRESHOLD = "spark.sql.execution.arrow.localRelationThreshold"
+_LOCAL_STATE_BYTES = 4 << 20
+
+WINDOW_STATE = StateLayout(key="k", segment="ws")  # a row per key and window start; a segment per window
+_NEW = "_new"
 
 
 def partial_sql(spec: WindowAggregateStage) -> str:
@@ -116,35 +125,45 @@ def partial_sql(spec: WindowAggregateStage) -> str:
             f"GROUP BY `{spec.key_by}`, ws")
 
 
-def merge_partials(function: str, old: tuple, new: tuple) -> tuple:
-    if function in ("count", "sum", "avg"):
-        return tuple(n if o is None else (o if n is None else o + n) for o, n in zip(old, new))
-    pick = min if function == "min" else max
-    return tuple(n if o is None else (o if n is None else pick(o, n)) for o, n in zip(old, new))
+def partial_names(spec: WindowAggregateStage) -> list[str]:
+    return [f"p{i}_{j}" for i, agg in enumerate(spec.aggregations) for j in range(len(_PARTIALS[agg.function]))]
 
 
-def final_value(function: str, partial: tuple) -> Any:
+def window_state_rows(spec: WindowAggregateStage, keys: pa.Array, window_start: int) -> pa.Table:
+    """State rows of `keys` in a window no record reached yet (partials null): e.g. a benchmark's ballast,
+    in a window that never fires."""
+    columns = {"k": keys, "ws": pa.array(np.full(len(keys), window_start, dtype=np.int64))}
+    columns.update({name: pa.nulls(len(keys)) for name in partial_names(spec)})
+    return pa.table(columns)
+
+
+def final_value(function: str, partials: list) -> pa.Array | pa.ChunkedArray:
     if function == "avg":
-        total, count = partial
-        return None if not count else total / count
-    return partial[0]
+        total, count = partials
+        ratio = pc.divide(pc.cast(total, pa.float64()), pc.cast(count, pa.float64()))
+        return pc.if_else(pc.greater(count, 0), ratio, pa.scalar(None, pa.float64()))
+    return partials[0]
 
 
 class WindowAggregate(_SparkStage):
     """Keyed event-time windows that fire once: when end + allowed lateness <= the key group's watermark.
 
-    Watermarks and timers are kept per key group: a key group taken over from another instance resumes
-    at its own streams' progress, which may lag this instance's other key groups.
+    Watermarks are kept per key group: a key group taken over from another instance resumes at its own
+    streams' progress, which may lag this instance's other key groups. State holds a row per (key, window
+    start) with the window's partial aggregates, a segment per window start (state.py): a batch's
+    partials merge into the segments of their windows (one group_by per window), and windows fire by
+    taking their segments out, per key group against its own watermark.
     """
 
     spec: WindowAggregateStage
 
     def __init__(self, spec: WindowAggregateStage, store: KeyGroupStore, max_parallelism: int) -> None:
         super().__init__(spec, store)
+        store.bind(state_layout(spec))
         self._max_parallelism = max_parallelism
-        self._widths = [len(_PARTIALS[a.function]) for a in spec.aggregations]
+        self._partials = partial_names(spec)
+        self._merges = list(zip(self._partials, (m for a in spec.aggregations for m in _MERGES[a.function])))
         self._steps = spec.window.size_ms // spec.window.step_ms  # windows per record
-        self._timers: dict[int, dict[int, set[Any]]] = defaultdict(lambda: defaultdict(set))  # kg -> start -> keys
         self._watermarks: dict[int, int] = {}
 
     def restore(self, watermarks: dict[int, int] | None = None) -> None:
@@ -152,14 +171,11 @@ class WindowAggregate(_SparkStage):
             self.acquire(kg, (watermarks or {}).get(kg, MIN_WATERMARK))
 
     def acquire(self, kg: int, watermark: int = MIN_WATERMARK) -> None:
-        """Timers from the key group's state; `watermark`: its committed input watermark, which every
-        window fired before (a late record after a restart or handover must not open such a window again)."""
-        for (key, ws), _ in self.store.items(kg):
-            self._timers[kg][ws].add(key)
+        """`watermark`: the key group's committed input watermark, which every window fired before (a late
+        record after a restart or handover must not open such a window again)."""
         self._watermarks[kg] = watermark
 
     def release(self, kg: int) -> None:
-        self._timers.pop(kg, None)
         self._watermarks.pop(kg, None)
 
     @property
@@ -168,6 +184,11 @@ class WindowAggregate(_SparkStage):
 
     def _fired_before(self, kg: int) -> int:
         return self._watermarks.get(kg, MIN_WATERMARK)
+
+    def _bounds(self) -> dict[int, int]:
+        """Per owned key group, the last window start that has fired (end + allowed lateness <= watermark)."""
+        floor = MIN_WATERMARK + self.spec.window.size_ms  # the late test subtracts up to a window size from it
+        return {kg: max(self._fired_before(kg) - self._horizon, floor) for kg in self.store.key_groups}
 
     def process(self, batch, watermark: int) -> tuple[pa.Table | None, int]:
         if batch.records:
@@ -185,61 +206,66 @@ class WindowAggregate(_SparkStage):
         partials = self.spark.sql(partial_sql(self.spec)).toArrow()
         if not partials.num_rows:
             return
+        if partials.column("ws").null_count:
+            raise ValueError(f"{self.spec.name}: a record has no event_time")
+        starts = partials.column("ws").to_numpy()
+        kgs = key_groups_of(partials.column("k"), self._max_parallelism)
+        fired = np.full(self._max_parallelism, MIN_WATERMARK + self.spec.window.size_ms, dtype=np.int64)
+        for kg, bound in self._bounds().items():
+            fired[kg] = bound
+        fired = fired[kgs]
         step = self.spec.window.step_ms
-        keys = partials.column("k").to_pylist()
-        starts = partials.column("ws").to_pylist()
-        width = sum(self._widths)
-        columns = [c.to_pylist() for c in partials.columns[2 : 2 + width]]
-        lasts = [c.to_pylist() for c in partials.columns[2 + width :]]
-        kgs = key_groups_of(partials.column("k"), self._max_parallelism).tolist()
-        late = 0
-        for row, (kg, key, ws) in enumerate(zip(kgs, keys, starts)):
-            fired = self._fired_before(kg)
-            # A late record is in every window it explodes into; all of them have fired (the query counts
-            # rows after the stage's `where`, so filtered records are never late).
-            late += sum(col[row] for j, col in enumerate(lasts) if ws + j * step + self._horizon <= fired)
-            if ws + self._horizon <= fired:
-                continue  # that window fired: what is left of late records is dropped
-            values = [col[row] for col in columns]
-            state_key = (key, ws)
-            old = self.store.get(kg, state_key)
-            merged, offset = [], 0
-            for agg, w in zip(self.spec.aggregations, self._widths):
-                fresh = tuple(values[offset : offset + w])
-                merged.extend(fresh if old is None else merge_partials(agg.function, old[offset : offset + w], fresh))
-                offset += w
-            self.store.put(kg, state_key, tuple(merged))
-            self._timers[kg][ws].add(key)
+        # A late record is in every window it explodes into; all of them have fired (the query counts rows
+        # after the stage's `where`, so filtered records are never late).
+        late = sum(int(partials.column(f"_l{j}").to_numpy()[starts <= fired - j * step].sum())
+                   for j in range(self._steps))
         self.late_records += late // self._steps
+        opened = starts > fired  # rows of fired windows (what is left of late records) are dropped
+        if not opened.any():
+            return
+        rows = partials.select(["k", "ws", *self._partials]).append_column(KG, pa.array(kgs))
+        if not opened.all():
+            rows, starts, kgs = rows.filter(pa.array(opened)), starts[opened], kgs[opened]
+        windows = groups_of(starts)
+        for start, positions in windows:
+            part = rows if len(windows) == 1 else take(rows, positions)
+            self.store.update(start, np.unique(kgs[positions]), self._merge_into(part))
+
+    def _merge_into(self, part: pa.Table):
+        """How one window's partials of the batch merge into its state: (state, rows changed, rows deleted)."""
+
+        def merge(current: pa.Table | None):
+            if current is None:
+                return part, part, None
+            both = pa.concat_tables([current.append_column(_NEW, pa.repeat(False, current.num_rows)),
+                                     part.append_column(_NEW, pa.repeat(True, part.num_rows))],
+                                    promote_options="permissive")
+            # By key alone: the window start is the segment's, the key group the key's (hashing less is faster).
+            grouped = both.group_by("k", use_threads=False).aggregate(
+                [("ws", "min"), *self._merges, (KG, "min"), (_NEW, "max")])
+            columns = {"k": grouped.column("k"), "ws": grouped.column("ws_min")}
+            columns.update({name: grouped.column(f"{name}_{how}") for name, how in self._merges})
+            columns[KG] = grouped.column(f"{KG}_min")
+            merged = pa.table(columns).cast(both.schema.remove(both.schema.get_field_index(_NEW)))
+            return merged, merged.filter(grouped.column(f"{_NEW}_max")), None
+
+        return merge
 
     def _fire(self) -> pa.Table | None:
-        due = []
-        for kg, timers in self._timers.items():
-            fired = self._fired_before(kg)
-            for ws in [ws for ws in timers if ws + self._horizon <= fired]:
-                due.extend((ws, repr(key), kg, key) for key in timers.pop(ws))
-        if not due:
+        due = self.store.cut(self._bounds())
+        if due is None:
             return None
-        due.sort(key=lambda d: d[:2])
-        size = self.spec.window.size_ms
-        rows: dict[str, list] = {self.spec.key_by: [], "window_start": [], "window_end": []}
+        due = due.take(pc.sort_indices(due.column("ws")))  # windows in the order they end
+        ends = pc.add(due.column("ws"), self.spec.window.size_ms)
+        columns = {self.spec.key_by: due.column("k"), "window_start": due.column("ws"), "window_end": ends}
+        names = iter(self._partials)
         for agg in self.spec.aggregations:
-            rows[agg.as_] = []
-        for ws, _, kg, key in due:
-            partial = self.store.get(kg, (key, ws))
-            self.store.delete(kg, (key, ws))
-            rows[self.spec.key_by].append(key)
-            rows["window_start"].append(ws)
-            rows["window_end"].append(ws + size)
-            offset = 0
-            for agg, width in zip(self.spec.aggregations, self._widths):
-                rows[agg.as_].append(final_value(agg.function, partial[offset : offset + width]))
-                offset += width
-        table = pa.table(rows)
-        ends = table.column("window_end")
+            columns[agg.as_] = final_value(agg.function, [due.column(next(names)) for _ in _PARTIALS[agg.function]])
         # Results carry the window's last instant as event time and its end as the
         # time latency is measured from (event time to sink).
-        return table.append_column("event_time", pc.subtract(ends, 1)).append_column("_ingest_ms", ends)
+        columns["event_time"] = pc.subtract(ends, 1)
+        columns["_ingest_ms"] = ends
+        return pa.table(columns)
 
 
 class Stateful(_SparkStage):
@@ -247,13 +273,15 @@ class Stateful(_SparkStage):
 
     The state DataFrame has the key column and the stateSchema columns, one row
     per key of the batch that has state. A returned state row replaces the key's
-    state; a row whose state columns are all null deletes it.
+    state; a row whose state columns are all null deletes it. State is a row per
+    key (state.py), handed to Spark and read back as Arrow.
     """
 
     spec: StatefulStage
 
     def __init__(self, spec: StatefulStage, store: KeyGroupStore, max_parallelism: int) -> None:
         super().__init__(spec, store)
+        store.bind(state_layout(spec))
         self._fn = load_function(spec.function)
         self._max_parallelism = max_parallelism
         self._state_fields = self.spark.createDataFrame([], spec.state_schema).schema.fields
@@ -261,34 +289,139 @@ class Stateful(_SparkStage):
     def process(self, batch, watermark: int) -> tuple[pa.Table | None, int]:
         if not batch.records:
             return None, watermark
+        from pyspark.sql.pandas.types import to_arrow_schema
         from pyspark.sql.types import StructType
 
         df = self._register_inputs(batch)
-        key = self.spec.key_by
-        key_column = pa.concat_arrays(
-            [c for u in self.spec.inputs if batch.table(u) is not None for c in batch.table(u).column(key).chunks]
-        )
-        unique = pc.unique(key_column)
-        kgs = key_groups_of(unique, self._max_parallelism).tolist()
-        rows = []
-        for kg, k in zip(kgs, unique.to_pylist()):
-            value = self.store.get(kg, k)
-            if value is not None:
-                rows.append((k, *value))
-        schema = StructType([df.schema[key], *self._state_fields])
-        out, new_state = self._fn(df, self.spark.createDataFrame(rows, schema))
+        spark_schema = StructType([df.schema[self.spec.key_by], *self._state_fields])
+        schema = to_arrow_schema(spark_schema)
+        state = state_frame(self.spark, self._state_of(batch, schema), spark_schema)
+        out, new_state = self._fn(df, state)
         # Both results before any state changes: a batch that fails leaves the state as it was.
-        output = out.toArrow()
-        updates = new_state.toArrow()
-        names = [f.name for f in self._state_fields]
-        state_keys = updates.column(key).to_pylist()
-        values = list(zip(*(updates.column(n).to_pylist() for n in names))) if len(updates) else []
-        for kg, k, value in zip(key_groups_of(updates.column(key), self._max_parallelism).tolist(), state_keys, values):
-            if all(v is None for v in value):
-                self.store.delete(kg, k)
-            else:
-                self.store.put(kg, k, tuple(value))
+        output, updates = collect_both(out, new_state)
+        self._save(updates, schema)
         return output, watermark
+
+    def _state_of(self, batch, schema: pa.Schema) -> pa.Table:
+        """The state rows of the batch's keys."""
+        key = self.spec.key_by
+        key_type = schema.field(key).type
+        tables = [batch.table(u) for u in self.spec.inputs]
+        keys = pc.unique(pa.chunked_array([t.column(key).cast(key_type) for t in tables if t is not None],
+                                          type=key_type))
+        rows = self.store.read(np.unique(key_groups_of(keys, self._max_parallelism)))
+        if rows is None:
+            return schema.empty_table()
+        rows = rows.filter(pc.is_in(rows.column(key), value_set=keys, skip_nulls=False))
+        return rows.select(schema.names).cast(schema)
+
+    def _save(self, updates: pa.Table, schema: pa.Schema) -> None:
+        """Upsert the new state rows, delete the keys whose state columns are all null."""
+        key = self.spec.key_by
+        columns = []
+        for field in schema:
+            if field.name not in updates.column_names:
+                raise ValueError(f"{self.spec.name}: the new state has no column '{field.name}' "
+                                 f"(it needs {', '.join(schema.names)})")
+            try:
+                columns.append(updates.column(field.name).cast(field.type))
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+                raise ValueError(f"{self.spec.name}: new state column '{field.name}' is not {field.type}: {exc}") from exc
+        updates = pa.Table.from_arrays(columns, schema=schema)
+        if not updates.num_rows:
+            return
+        if pc.count_distinct(updates.column(key), mode="all").as_py() < updates.num_rows:
+            updates = last_per_key(updates, [key])  # one key returned twice: its last row wins
+        kgs = key_groups_of(updates.column(key), self._max_parallelism)
+        strays = ~np.isin(kgs, self.store.key_groups)
+        if strays.any():
+            stray = updates.column(key)[int(np.flatnonzero(strays)[0])].as_py()
+            raise ValueError(f"{self.spec.name}: new state for key {stray!r}, of key group "
+                             f"{int(kgs[strays][0])} that this instance does not own")
+        updates = updates.append_column(KG, pa.array(kgs))
+        names = [f.name for f in self._state_fields]
+        gone = pc.is_null(updates.column(names[0]))
+        for name in names[1:]:
+            gone = pc.and_(gone, pc.is_null(updates.column(name)))
+        upserts = updates.filter(pc.invert(gone))
+        deletes = updates.filter(gone).select([key, KG])
+
+        def merge(current: pa.Table | None):
+            if current is None:
+                return upserts, upserts, None
+            existed = deletes.filter(pc.is_in(deletes.column(key), value_set=current.column(key), skip_nulls=False))
+            return replace_rows(current, upserts, deletes, key), upserts, existed
+
+        self.store.update(0, np.unique(kgs), merge)
+
+
+def state_frame(spark_session, table: pa.Table, schema):
+    """State as a DataFrame of one partition (a partition per chunk otherwise). Small state becomes a local
+    relation, which Spark joins by broadcast without a shuffle, as it would below its default threshold:
+    the worker sets that threshold to 0 so that batches stay columnar."""
+    table = table.combine_chunks()
+    if table.nbytes > _LOCAL_STATE_BYTES:
+        return spark_session.createDataFrame(table, schema)
+    previous = spark_session.conf.get(_LOCAL_THRESHOLD, None)
+    spark_session.conf.set(_LOCAL_THRESHOLD, str(_LOCAL_STATE_BYTES))
+    try:
+        return spark_session.createDataFrame(table, schema)
+    finally:
+        if previous is None:
+            spark_session.conf.unset(_LOCAL_THRESHOLD)
+        else:
+            spark_session.conf.set(_LOCAL_THRESHOLD, previous)
+
+
+def collect_both(first, second) -> tuple[pa.Table, pa.Table]:
+    """Two DataFrames as Arrow in one Spark job: each as a struct column of one union, the other's null.
+
+    One job instead of two halves the fixed cost (planning, scheduling) of a stateful batch. A result
+    without columns, or with one name twice, cannot be a struct: such results are collected one by one.
+    """
+    from pyspark.sql import functions as F
+
+    if any(not df.columns or len(set(df.columns)) < len(df.columns) for df in (first, second)):
+        return first.toArrow(), second.toArrow()
+
+    def nested(df):
+        return F.struct(*[F.col("`" + c.replace("`", "``") + "`") for c in df.columns]).cast(_nullable(df.schema))
+
+    both = first.select(nested(first).alias("a"), F.lit(None).cast(_nullable(second.schema)).alias("b")).union(
+        second.select(F.lit(None).cast(_nullable(first.schema)).alias("a"), nested(second).alias("b")))
+    table = both.toArrow()
+    return _unnest(table, "a", first), _unnest(table, "b", second)
+
+
+def _nullable(schema):
+    """The struct type with every field nullable, nested structs too: the other branch's rows are null."""
+    from pyspark.sql.types import StructField, StructType
+
+    def loose(kind):
+        return _nullable(kind) if isinstance(kind, StructType) else kind
+
+    return StructType([StructField(f.name, loose(f.dataType), True) for f in schema.fields])
+
+
+def _unnest(table: pa.Table, name: str, df) -> pa.Table:
+    """One DataFrame's rows of the union, typed as its own toArrow() would type them."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    large = df.sparkSession.conf.get("spark.sql.execution.arrow.useLargeVarTypes", "false") == "true"
+    schema = to_arrow_schema(df.schema, error_on_duplicated_field_names_in_struct=True, timezone="UTC",
+                             prefers_large_types=large)
+    column = table.column(name)
+    rows = column.filter(pc.is_valid(column)).combine_chunks()
+    return pa.Table.from_struct_array(rows).cast(schema) if len(rows) else schema.empty_table()
+
+
+def state_layout(spec) -> StateLayout | None:
+    """How a stage's state is laid out in its store (None: the stage keeps none)."""
+    if spec.type == "window_aggregate":
+        return WINDOW_STATE
+    if spec.type == "stateful":
+        return StateLayout(spec.key_by)
+    return None
 
 
 def make_stage(spec, store: KeyGroupStore, max_parallelism: int):

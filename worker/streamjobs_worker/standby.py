@@ -22,6 +22,7 @@ from streamjobs_core.plan import JobPlan, read_assignment
 
 from . import recovery, spark
 from .rehearsal import rehearse
+from .stages import state_layout
 from .state import KeyGroupStore, open_store
 
 SPARK_OPERATOR_TYPES = ("sql", "pyspark", "window_aggregate", "stateful", "parquet")
@@ -48,7 +49,7 @@ def await_epoch(
 ) -> tuple[bool, Prestaged | None]:
     """Warm up, then wait until `op`'s assignment reaches `epoch`: (whether to run, the prestaged state)."""
     spec = plan.spec.operator(op)
-    if spec.type in SPARK_OPERATOR_TYPES:
+    if any(plan.spec.operator(member).type in SPARK_OPERATOR_TYPES for member in plan.chain(op).operators):
         spark.session()
         rehearse(r, plan, op)
     keys = plan.keys
@@ -56,7 +57,9 @@ def await_epoch(
     upcoming = read_assignment(r, keys, op, upcoming=True)
     if spec.type in STATEFUL_OPERATOR_TYPES and upcoming is not None and upcoming.epoch == epoch:
         owned = upcoming.key_groups_of(instance)
-        store = open_store(plan.spec.state.backend, owned, state_directory(plan, op, instance, epoch))
+        # Laid out as the stage will bind it: the catch-up applies changes before the stage exists.
+        store = open_store(plan.spec.state.backend, owned, state_directory(plan, op, instance, epoch),
+                           state_layout(spec))
         prestaged = Prestaged(store, {})
     registered = False
     next_round = 0.0

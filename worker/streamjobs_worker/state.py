@@ -1,184 +1,430 @@
-"""Keyed state partitioned by key group.
+"""Keyed state partitioned by key group, held as Arrow tables.
 
-The store keeps every key group's state in its own dict so that a key group can
-be restored, snapshotted or (later) handed over on its own. Each change is also
-recorded as pending changelog until the checkpoint drains it into the batch's
-transaction. Redis holds the durable copy (changelog + snapshots, see
-recovery.py); a backend holds the working copy: `memory` (dicts, the default:
-lookups at dictionary speed for the merge of Spark's per-batch partials) or
-`rocksdb` (rocksdict, as quix-streams does: state beyond memory). The working
-copy is rebuilt from Redis at every start, so a backend never needs to survive
-a restart.
+A stage's state is rows of one table: the window stage keeps a row per key and
+window (its partial aggregates), the stateful stage a row per key. A store
+keeps each key group's rows apart, so that a key group can be restored,
+snapshotted and handed over on its own, and within a key group splits them by
+segment: the window's start (state without windows has one segment). A batch
+reads and rewrites only the segments of its own windows, and a window fires by
+taking its segments out whole, so the cost of a batch does not grow with state
+that lies beside it (windows far ahead, a benchmark's ballast).
+
+Each change is also recorded as pending changelog until the checkpoint drains
+it into the batch's transaction: per key group a ChangeSet, columnar like the
+state. Redis holds the durable copy (changelog + snapshots, see recovery.py); a
+backend holds the working copy: `memory` (the tables themselves, the default)
+or `rocksdb` (each key group's segment as Arrow IPC bytes in rocksdict, as
+quix-streams keeps state in RocksDB: state beyond memory, at the cost of
+encoding what a batch touches). The working copy is rebuilt from Redis at every
+start, so a backend never needs to survive a restart.
 """
 
 from __future__ import annotations
 
+import bisect
 import shutil
 import struct
-from collections.abc import Hashable, Iterable, Iterator
-from typing import Any, Protocol
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Protocol
 
-import msgpack
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
-_DELETED = None
+KG = "_kg"  # the key group of each row, on the tables a store and its stage exchange
+_DELETED, _SEQ = "_deleted", "_seq"
 
 
-def pack(value: Any) -> bytes:
-    return msgpack.packb(value, use_bin_type=True)
+@dataclass(frozen=True)
+class StateLayout:
+    """Which column names a row within its segment (`key`) and which int64 column is its segment, if any."""
+
+    key: str
+    segment: str | None = None
+
+    @property
+    def identity(self) -> list[str]:
+        return [self.segment, self.key] if self.segment else [self.key]
+
+    def segments_of(self, rows: pa.Table) -> np.ndarray:
+        if self.segment is None:
+            return np.zeros(rows.num_rows, dtype=np.int64)
+        return rows.column(self.segment).to_numpy()
 
 
-def unpack(data: bytes) -> Any:
-    # Tuples, not lists: state keys must be hashable after a round trip.
-    return msgpack.unpackb(data, use_list=False, raw=False, strict_map_key=False)
+@dataclass(frozen=True)
+class ChangeSet:
+    """A key group's changes, applied in this order: `cut` (every row whose segment is at most it is
+    gone: the windows that fired), `deletes` (the identity columns of rows gone), `upserts` (whole rows)."""
+
+    upserts: pa.Table | None = None
+    deletes: pa.Table | None = None
+    cut: int | None = None
+
+
+Merge = Callable[[pa.Table | None], tuple[pa.Table | None, pa.Table | None, pa.Table | None]]
+
+
+def groups_of(values: np.ndarray) -> list[tuple[int, np.ndarray]]:
+    """Each distinct value (ascending) with the positions holding it (in their order)."""
+    if not len(values):
+        return []
+    order = np.argsort(values, kind="stable")
+    ordered = values[order]
+    starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
+    ends = np.r_[starts[1:], len(values)]
+    return [(int(ordered[a]), order[a:b]) for a, b in zip(starts, ends)]
+
+
+def take(table: pa.Table, positions: np.ndarray) -> pa.Table:
+    # An Arrow array of positions: Table.take converts a numpy one element by element.
+    return table.take(pa.array(positions))
+
+
+def concat(tables: Iterable[pa.Table | None]) -> pa.Table | None:
+    present = [t for t in tables if t is not None and t.num_rows]
+    if not present:
+        return None
+    return present[0] if len(present) == 1 else pa.concat_tables(present, promote_options="permissive")
+
+
+def replace_rows(current: pa.Table | None, upserts: pa.Table | None, deletes: pa.Table | None,
+                 key: str) -> pa.Table | None:
+    """`current` without the rows whose key is upserted or deleted, then the upserted rows."""
+    gone = [t.column(key) for t in (upserts, deletes) if t is not None and t.num_rows]
+    if current is not None and gone:
+        keys = pa.chunked_array([c.cast(current.schema.field(key).type) for c in gone]).combine_chunks()
+        current = current.filter(pc.invert(pc.is_in(current.column(key), value_set=keys, skip_nulls=False)))
+    return concat([current, upserts])
+
+
+def last_per_key(rows: pa.Table, keys: list[str]) -> pa.Table:
+    """The last row of every key, in table order."""
+    numbered = rows.append_column(_SEQ, pa.array(np.arange(rows.num_rows)))
+    return _latest(numbered, keys).drop_columns([_SEQ])
+
+
+def _latest(rows: pa.Table, keys: list[str]) -> pa.Table:
+    last = rows.group_by(keys, use_threads=False).aggregate([(_SEQ, "max")])
+    return rows.filter(pc.is_in(rows.column(_SEQ), value_set=last.column(f"{_SEQ}_max")))
+
+
+class ChangeLog:
+    """Changes in the order they happened, folded into one ChangeSet per key group: the last change of a
+    row wins, and a cut drops the earlier changes it covers. Bounds of one key group's cuts never fall."""
+
+    def __init__(self) -> None:
+        self._parts: list[pa.Table] = []
+        self._seen: set[int | None] = set()  # segments changed so far (None: unknown)
+        self._overlap = False  # whether one row may have changed twice
+        self._cuts: dict[int, tuple[int, int]] = {}  # kg -> (bound, sequence number of the cut)
+        self._next = 0
+
+    def __bool__(self) -> bool:
+        return bool(self._parts or self._cuts)
+
+    def holds(self, kg: int) -> bool:
+        return kg in self._cuts or any(pc.any(pc.equal(p.column(KG), kg)).as_py() for p in self._parts)
+
+    def rows(self, rows: pa.Table, deleted: bool, segment: int | None = None) -> None:
+        """Rows (with KG) upserted, or the identity columns (with KG) of rows deleted; `segment` if all share one."""
+        if not rows.num_rows:
+            return
+        self._overlap = self._overlap or segment in self._seen or None in self._seen or (
+            segment is None and bool(self._parts))
+        self._seen.add(segment)
+        n = rows.num_rows
+        self._parts.append(rows.append_column(_DELETED, pa.repeat(pa.scalar(deleted), n))
+                           .append_column(_SEQ, pa.array(np.arange(self._next, self._next + n))))
+        self._next += n
+
+    def cut(self, kg: int, bound: int) -> None:
+        previous = self._cuts.get(kg, (bound, 0))[0]
+        self._cuts[kg] = (max(previous, bound), self._next)
+
+    def add(self, kg: int, changes: ChangeSet) -> None:
+        """Replay a key group's ChangeSet (a changelog entry) after what this log holds."""
+        if changes.cut is not None:
+            self.cut(kg, changes.cut)
+        for part, deleted in ((changes.deletes, True), (changes.upserts, False)):
+            if part is not None:
+                self.rows(part.append_column(KG, pa.repeat(pa.scalar(kg, pa.int64()), part.num_rows)), deleted)
+
+    def fold(self, layout: StateLayout | None) -> dict[int, ChangeSet]:
+        folded: dict[int, ChangeSet] = {}
+        rows = concat(self._parts)
+        if rows is not None:
+            if layout is None:
+                raise RuntimeError("state changes for a store that knows no state layout")
+            if self._overlap:
+                rows = _latest(rows, [KG, *layout.identity])
+            rows = self._uncut(rows, layout)
+            # Sorted by key group, upserts before deletes: each key group's ChangeSet is two slices.
+            kgs = rows.column(KG).to_numpy()
+            deleted = rows.column(_DELETED).to_numpy(zero_copy_only=False)
+            order = np.lexsort((deleted, kgs))
+            rows, kgs, deleted = take(rows, order).combine_chunks(), kgs[order], deleted[order]
+            upserts = rows.drop_columns([KG, _DELETED, _SEQ])
+            deletes = rows.select(layout.identity)
+            for kg, positions in groups_of(kgs):
+                start, end = int(positions[0]), int(positions[-1]) + 1
+                split = start + int(np.count_nonzero(~deleted[start:end]))
+                folded[kg] = ChangeSet(upserts.slice(start, split - start) if split > start else None,
+                                       deletes.slice(split, end - split) if end > split else None,
+                                       self._cuts.get(kg, (None,))[0])
+        for kg, (bound, _) in self._cuts.items():
+            folded.setdefault(kg, ChangeSet(cut=bound))
+        return folded
+
+    def _uncut(self, rows: pa.Table, layout: StateLayout) -> pa.Table:
+        """Without the changes a later cut of their key group removed again."""
+        if not self._cuts or layout.segment is None:
+            return rows
+        size = max(max(self._cuts), int(pc.max(rows.column(KG)).as_py())) + 1
+        bound = np.full(size, np.iinfo(np.int64).min, dtype=np.int64)
+        at = np.zeros(size, dtype=np.int64)
+        for kg, (value, seq) in self._cuts.items():
+            bound[kg], at[kg] = value, seq
+        kgs = rows.column(KG).to_numpy()
+        covered = (rows.column(layout.segment).to_numpy() <= bound[kgs]) & (rows.column(_SEQ).to_numpy() < at[kgs])
+        return rows.filter(pa.array(~covered)) if covered.any() else rows
+
+
+# --- backends: where the rows of one key group's segment live --------------------------------
 
 
 class Backend(Protocol):
-    def get(self, kg: int, key: Hashable) -> Any: ...
-    def set(self, kg: int, key: Hashable, value: Any) -> None: ...
-    def remove(self, kg: int, key: Hashable) -> bool: ...
-    def scan(self, kg: int) -> Iterator[tuple[Hashable, Any]]: ...
-    def replace(self, kg: int, items: Iterable[tuple[Hashable, Any]]) -> None: ...
+    def get(self, kg: int, segment: int) -> pa.Table | None: ...
+    def put(self, kg: int, segment: int, rows: pa.Table | None) -> None: ...  # None (or no rows) removes
+    def segments(self, kg: int) -> list[int]: ...  # ascending
     def drop(self, kg: int) -> None: ...
 
 
 class MemoryBackend:
-    def __init__(self, key_groups: tuple[int, ...]) -> None:
-        self._data: dict[int, dict[Hashable, Any]] = {kg: {} for kg in key_groups}
+    def __init__(self) -> None:
+        self._data: dict[int, dict[int, pa.Table]] = {}
 
-    def get(self, kg: int, key: Hashable) -> Any:
-        return self._data[kg].get(key, _DELETED)
+    def get(self, kg: int, segment: int) -> pa.Table | None:
+        return self._data.get(kg, {}).get(segment)
 
-    def set(self, kg: int, key: Hashable, value: Any) -> None:
-        self._data[kg][key] = value
+    def put(self, kg: int, segment: int, rows: pa.Table | None) -> None:
+        if rows is None or not rows.num_rows:
+            self._data.get(kg, {}).pop(segment, None)
+        else:
+            self._data.setdefault(kg, {})[segment] = rows
 
-    def remove(self, kg: int, key: Hashable) -> bool:
-        return self._data[kg].pop(key, _DELETED) is not _DELETED
-
-    def scan(self, kg: int) -> Iterator[tuple[Hashable, Any]]:
-        return iter(list(self._data[kg].items()))
-
-    def replace(self, kg: int, items: Iterable[tuple[Hashable, Any]]) -> None:
-        self._data[kg] = dict(items)
+    def segments(self, kg: int) -> list[int]:
+        return sorted(self._data.get(kg, ()))
 
     def drop(self, kg: int) -> None:
         self._data.pop(kg, None)
 
 
-class RocksDBBackend:
-    """One RocksDB per worker; a key is its key group (4 bytes, big-endian) + the packed key."""
+def to_ipc(table: pa.Table, metadata: dict[bytes, bytes] | None = None) -> bytes:
+    sink = pa.BufferOutputStream()
+    schema = table.schema.with_metadata(metadata) if metadata else table.schema
+    with pa.ipc.new_stream(sink, schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
 
-    def __init__(self, key_groups: tuple[int, ...], path: str) -> None:
+
+def from_ipc(data: bytes) -> pa.Table:
+    return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+
+
+class RocksDBBackend:
+    """One RocksDB per worker; a key is the key group (4 bytes) + the segment (8 bytes, ordered), a value
+    the segment's rows as Arrow IPC."""
+
+    def __init__(self, path: str) -> None:
         from rocksdict import Options, Rdict
 
         shutil.rmtree(path, ignore_errors=True)  # the working copy is rebuilt from Redis
-        self._owned = set(key_groups)
         self._db = Rdict(path, options=Options(raw_mode=True))
+        self._segments: dict[int, list[int]] = {}  # per kg, ascending: spares a scan of RocksDB per batch
 
-    def _key(self, kg: int, key: Hashable) -> bytes:
-        if kg not in self._owned:
-            raise KeyError(kg)
-        return struct.pack(">I", kg) + pack(key)
+    @staticmethod
+    def _key(kg: int, segment: int) -> bytes:
+        return struct.pack(">IQ", kg, segment + 2**63)
 
-    def get(self, kg: int, key: Hashable) -> Any:
-        data = self._db.get(self._key(kg, key))
-        return _DELETED if data is None else unpack(data)
+    def get(self, kg: int, segment: int) -> pa.Table | None:
+        data = self._db.get(self._key(kg, segment))
+        return None if data is None else from_ipc(data)
 
-    def set(self, kg: int, key: Hashable, value: Any) -> None:
-        self._db[self._key(kg, key)] = pack(value)
+    def put(self, kg: int, segment: int, rows: pa.Table | None) -> None:
+        known = self._segments.setdefault(kg, [])
+        at = bisect.bisect_left(known, segment)
+        present = at < len(known) and known[at] == segment
+        if rows is None or not rows.num_rows:
+            if present:
+                del self._db[self._key(kg, segment)]
+                known.pop(at)
+            return
+        self._db[self._key(kg, segment)] = to_ipc(rows)
+        if not present:
+            known.insert(at, segment)
 
-    def remove(self, kg: int, key: Hashable) -> bool:
-        raw = self._key(kg, key)
-        if self._db.get(raw) is None:
-            return False
-        del self._db[raw]
-        return True
-
-    def scan(self, kg: int) -> Iterator[tuple[Hashable, Any]]:
-        prefix = struct.pack(">I", kg)
-        out = []
-        for raw, data in self._db.items(from_key=prefix):
-            if not raw.startswith(prefix):
-                break
-            out.append((unpack(raw[4:]), unpack(data)))
-        return iter(out)
-
-    def replace(self, kg: int, items: Iterable[tuple[Hashable, Any]]) -> None:
-        self._owned.add(kg)
-        self._db.delete_range(struct.pack(">I", kg), struct.pack(">I", kg + 1))
-        for key, value in items:
-            self.set(kg, key, value)
+    def segments(self, kg: int) -> list[int]:
+        return list(self._segments.get(kg, ()))
 
     def drop(self, kg: int) -> None:
-        self._owned.discard(kg)
+        self._segments.pop(kg, None)
         self._db.delete_range(struct.pack(">I", kg), struct.pack(">I", kg + 1))
+
+
+# --- the store ---------------------------------------------------------------------------------
 
 
 class KeyGroupStore:
-    def __init__(self, key_groups: Iterable[int], backend: Backend | None = None) -> None:
+    """The state of the key groups an instance owns, with the changes not yet drained.
+
+    A store opened before its stage knows no layout yet; the stage binds it (stateless stages never do,
+    and hold no rows)."""
+
+    def __init__(self, key_groups: Iterable[int], backend: Backend | None = None,
+                 layout: StateLayout | None = None) -> None:
         self._key_groups = tuple(key_groups)
-        self._backend = backend or MemoryBackend(self._key_groups)
-        self._pending: dict[int, dict[Hashable, Any]] = {}
+        self._backend = backend or MemoryBackend()
+        self._layout = layout
+        self._pending = ChangeLog()
 
     @property
     def key_groups(self) -> tuple[int, ...]:
         return self._key_groups
 
-    def _check(self, kg: int) -> None:
-        if kg not in self._key_groups:
-            raise KeyError(kg)
+    @property
+    def layout(self) -> StateLayout | None:
+        return self._layout
 
-    def get(self, kg: int, key: Hashable, default: Any = None) -> Any:
-        self._check(kg)
-        value = self._backend.get(kg, key)
-        return default if value is _DELETED else value
+    def bind(self, layout: StateLayout) -> None:
+        if self._layout is not None and self._layout != layout:
+            raise ValueError(f"state store holds {self._layout}, not {layout}")
+        self._layout = layout
 
-    def put(self, kg: int, key: Hashable, value: Any) -> None:
-        self._check(kg)
-        self._backend.set(kg, key, value)
-        self._pending.setdefault(kg, {})[key] = value
+    def _check(self, kgs: Iterable[int]) -> None:
+        owned = self._key_groups
+        for kg in kgs:
+            if kg not in owned:
+                raise KeyError(kg)
 
-    def delete(self, kg: int, key: Hashable) -> None:
-        self._check(kg)
-        if self._backend.remove(kg, key) or key in self._pending.get(kg, {}):
-            self._pending.setdefault(kg, {})[key] = _DELETED
+    def _bound(self) -> StateLayout:
+        if self._layout is None:
+            raise RuntimeError("state store used before a stage bound its layout")
+        return self._layout
 
-    def items(self, kg: int) -> Iterator[tuple[Hashable, Any]]:
-        self._check(kg)
-        return self._backend.scan(kg)
+    # --- the stage's view: rows carry their key group in column KG --------------------------
 
-    def drain_changes(self) -> dict[int, list[tuple[Hashable, Any]]]:
-        """Changes since the last drain, per key group: (key, value or None for deleted)."""
-        changes = {kg: list(kv.items()) for kg, kv in self._pending.items() if kv}
-        self._pending = {}
-        return changes
+    def read(self, kgs: Iterable[int], segment: int = 0) -> pa.Table | None:
+        """The rows of these key groups in `segment`."""
+        kgs = sorted({int(kg) for kg in kgs})
+        self._check(kgs)
+        tables, owners = [], []
+        for kg in kgs:
+            table = self._backend.get(kg, segment)
+            if table is not None:
+                tables.append(table)
+                owners.append(np.full(table.num_rows, kg, dtype=np.int64))
+        rows = concat(tables)
+        return None if rows is None else rows.append_column(KG, pa.array(np.concatenate(owners)))
 
-    def apply(self, kg: int, changes: Iterable[tuple[Hashable, Any]]) -> None:
-        """Replay changelog entries without recording them again."""
-        self._check(kg)
-        for key, value in changes:
-            if value is _DELETED:
-                self._backend.remove(kg, key)
-            else:
-                self._backend.set(kg, key, value)
+    def update(self, segment: int, kgs: Iterable[int], merge: Merge) -> None:
+        """Rewrite the rows of these key groups in `segment`: `merge(rows)` returns (new rows, rows upserted,
+        identity columns of rows deleted), every table with KG; the last two are recorded as changes."""
+        kgs = sorted({int(kg) for kg in kgs})
+        rows, upserted, deleted = merge(self.read(kgs, segment))
+        written = set()
+        if rows is not None and rows.num_rows:
+            groups = groups_of(rows.column(KG).to_numpy())
+            strays = sorted({kg for kg, _ in groups} - set(kgs))
+            if strays:
+                raise ValueError(f"rows of key groups {strays} written to segment {segment} of key groups {kgs}")
+            single = len(groups) == 1
+            rows = rows if single else rows.combine_chunks()
+            for kg, positions in groups:
+                # take, not slice: a slice would keep this batch's whole table alive while any kg holds on to it
+                self._backend.put(kg, segment, (rows if single else take(rows, positions)).drop_columns([KG]))
+                written.add(kg)
+        for kg in kgs:
+            if kg not in written:
+                self._backend.put(kg, segment, None)
+        for changed, gone in ((upserted, False), (deleted, True)):
+            if changed is not None:
+                self._pending.rows(changed, gone, segment)
 
-    def load(self, kg: int, items: Iterable[tuple[Hashable, Any]]) -> None:
+    def cut(self, bounds: Mapping[int, int]) -> pa.Table | None:
+        """Take out every row whose segment is at most its key group's bound (without KG)."""
+        self._check(bounds)
+        taken = []
+        for kg, bound in bounds.items():
+            due = [s for s in self._backend.segments(kg) if s <= bound]
+            for segment in due:
+                taken.append(self._backend.get(kg, segment))
+                self._backend.put(kg, segment, None)
+            if due:
+                self._pending.cut(kg, bound)
+        return concat(taken)
+
+    # --- recovery's view -----------------------------------------------------------------------
+
+    def table(self, kg: int) -> pa.Table | None:
+        """All of a key group's rows (without KG): what its snapshot holds."""
+        self._check([kg])
+        return concat(self._backend.get(kg, s) for s in self._backend.segments(kg))
+
+    def load(self, kg: int, table: pa.Table | Iterable | None = None) -> None:
         """Replace a key group's state; a key group not owned yet is taken over (restore, prestage)."""
+        if not isinstance(table, pa.Table):
+            if table is not None and any(True for _ in table):
+                raise TypeError("a key group's state loads from an Arrow table")
+            table = None
         if kg not in self._key_groups:
             self._key_groups = (*self._key_groups, kg)
-        self._backend.replace(kg, items)
+        self._backend.drop(kg)
+        if table is None or not table.num_rows:
+            return
+        groups = groups_of(self._bound().segments_of(table))
+        for segment, positions in groups:
+            self._backend.put(kg, segment, table if len(groups) == 1 else take(table, positions))
+
+    def apply(self, kg: int, changes: ChangeSet) -> None:
+        """Replay a changelog entry (or several, folded) without recording it again."""
+        self._check([kg])
+        layout = self._bound()
+        if changes.cut is not None:
+            for segment in self._backend.segments(kg):
+                if segment <= changes.cut:
+                    self._backend.put(kg, segment, None)
+        split = {}
+        for name, part in (("upserts", changes.upserts), ("deletes", changes.deletes)):
+            if part is not None and part.num_rows:
+                for segment, positions in groups_of(layout.segments_of(part)):
+                    split.setdefault(segment, {})[name] = take(part, positions)
+        for segment, parts in split.items():
+            current = self._backend.get(kg, segment)
+            self._backend.put(kg, segment, replace_rows(current, parts.get("upserts"), parts.get("deletes"),
+                                                        layout.key))
 
     def release(self, kg: int) -> None:
         """Forget a key group handed over to another instance (its changes were committed)."""
-        self._check(kg)
-        if self._pending.get(kg):
+        self._check([kg])
+        if self._pending.holds(kg):
             raise RuntimeError(f"key group {kg} released with uncommitted changes")
-        self._pending.pop(kg, None)
         self._key_groups = tuple(k for k in self._key_groups if k != kg)
         self._backend.drop(kg)
 
+    def drain_changes(self) -> dict[int, ChangeSet]:
+        """Changes since the last drain, one ChangeSet per changed key group."""
+        if not self._pending:
+            return {}
+        changes = self._pending.fold(self._layout)
+        self._pending = ChangeLog()
+        return changes
 
-def open_store(backend: str, key_groups: Iterable[int], directory: str) -> KeyGroupStore:
+
+def open_store(backend: str, key_groups: Iterable[int], directory: str,
+               layout: StateLayout | None = None) -> KeyGroupStore:
     key_groups = tuple(key_groups)
     if backend == "rocksdb":
-        return KeyGroupStore(key_groups, RocksDBBackend(key_groups, directory))
-    return KeyGroupStore(key_groups)
+        return KeyGroupStore(key_groups, RocksDBBackend(directory), layout)
+    return KeyGroupStore(key_groups, layout=layout)
