@@ -151,14 +151,96 @@ class ZipfSource(_GeneratorSource):
     exponent: float = Field(1.1, gt=0)
 
 
+class InputRetention(_Model):
+    """How long a redis_stream source keeps the input entries it consumed; entries not consumed yet are
+    never trimmed. Trims go into the commit that consumed the entries (or a later one), fenced like it."""
+
+    mode: Literal["time", "trim"] = Field(
+        "time", description="time: keep consumed entries `ms` after the commit that consumed them (long enough for "
+        "a run's verification to read its input back, and for an entry a dead letter names to be looked up); "
+        "trim: remove them in that commit (least memory; such a run cannot be verified).",
+    )
+    ms: int | None = Field(
+        None, ge=0, description="mode time: how long consumed entries are kept after their commit (default 600000, "
+        "10 minutes).",
+    )
+
+    @model_validator(mode="after")
+    def _ms_for_time_only(self) -> InputRetention:
+        if self.mode == "trim" and self.ms is not None:
+            raise ValueError("ms applies to mode 'time' only (mode 'trim' keeps nothing it consumed)")
+        return self
+
+    @property
+    def keep_ms(self) -> int:
+        """How long consumed entries stay after their commit; 0: trimmed in it."""
+        return 0 if self.mode == "trim" else 600_000 if self.ms is None else self.ms
+
+
 class RedisStreamSource(_Operator):
     """Records that external producers XADD to `sj:{job}:in:<name>:<partition>`."""
 
     type: Literal["redis_stream"]
     partitions: int = Field(1, ge=1, le=4096, description="Number of input streams producers spread over.")
-    event_time_field: str | None = Field(None, description="Field holding event time in ms; default ingest time.")
+    format: Literal["fields", "json", "arrow"] = Field(
+        "fields", description="fields: one entry field per column; json: one field (payloadField) holding a JSON "
+        "object per entry; arrow: one field (payloadField) holding an Arrow IPC stream of many records.",
+    )
+    schema_: str | None = Field(
+        None, alias="schema", description="Spark DDL of the records' columns, e.g. 'user string, amount double, ts "
+        "bigint' (string, boolean, tinyint, smallint, int, bigint, float, double): the columns are typed and a "
+        "record whose value does not parse is dead-lettered with its field named; a missing field is null. "
+        "Required for json and arrow; without it a fields entry becomes string columns, one per field name.",
+    )
+    payload_field: str | None = Field(
+        None, min_length=1, description="json and arrow: the entry field holding the payload (default 'data')."
+    )
+    event_time_field: str | None = Field(
+        None, description="Field holding event time in ms (an integer column of the schema, if one is declared); "
+        "default: the time in the entry's ID, i.e. when the record was XADDed (auto IDs).",
+    )
     out_of_order_ms: int = Field(0, ge=0, le=60_000)
     load_shedding: LoadShedding | None = None
+    retention: InputRetention = InputRetention()
+
+    @field_validator("schema_")
+    @classmethod
+    def _check_schema(cls, value: str | None) -> str | None:
+        if value is not None:
+            from . import ddl
+
+            reserved = [f.name for f in ddl.parse(value) if f.name == "event_time" or f.name.startswith("_")]
+            if reserved:
+                raise ValueError(f"column {reserved[0]!r} is reserved (event_time and names starting with _ are "
+                                 "added by the source)")
+        return value
+
+    @model_validator(mode="after")
+    def _schema_covers_fields(self) -> RedisStreamSource:
+        if self.format != "fields" and self.schema_ is None:
+            raise ValueError(f"format {self.format!r} needs a schema")
+        if self.format == "fields" and self.payload_field is not None:
+            raise ValueError("payloadField applies to formats json and arrow only")
+        if self.schema_ is None:
+            return self
+        import pyarrow as pa
+
+        from . import ddl
+
+        schema = ddl.parse(self.schema_)
+        time_field = self.event_time_field
+        if time_field is not None and (time_field not in schema.names
+                                       or not pa.types.is_integer(schema.field(time_field).type)):
+            raise ValueError(f"eventTimeField {time_field!r} must be an integer column of the schema (ms)")
+        priority = self.load_shedding.priority_field if self.load_shedding else None
+        if priority is not None and priority not in schema.names:
+            raise ValueError(f"loadShedding.priorityField: the schema has no column {priority!r}")
+        return self
+
+    @property
+    def payload(self) -> str:
+        """The entry field holding a json or arrow payload."""
+        return self.payload_field or "data"
 
 
 Source = Annotated[NexmarkSource | ZipfSource | RedisStreamSource, Field(discriminator="type")]

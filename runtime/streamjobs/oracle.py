@@ -1,7 +1,9 @@
 """The correctness oracle: the same query as a Spark batch job over the same input.
 
 For deterministic sources the input is regenerated from the committed source
-offsets; every operator is then evaluated over its whole input at once, with
+offsets; an external stream's is read back from its retained entries up to the
+source's committed cursors (a run whose input was trimmed cannot be verified);
+every operator is then evaluated over its whole input at once, with
 Spark's own window() for window stages (an implementation independent of the
 worker's incremental one). The sink's committed output is compared with the
 expected rows as multisets.
@@ -14,21 +16,26 @@ from collections import Counter
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import redis
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from streamjobs_core import generators, shedding
+from streamjobs_core import ddl, generators, shedding
 from streamjobs_core.plan import JobPlan
+from streamjobs_worker import external
 from streamjobs_worker.stages import load_function, view_name
 
 
-def supported(plan: JobPlan) -> bool:
-    return all(s.type != "redis_stream" for s in plan.spec.sources)
+class Unverifiable(Exception):
+    """The run's input cannot be read back, so there is nothing to check its output against."""
 
 
 def source_input(r: redis.Redis, plan: JobPlan, op: str):
-    """The exact records a generator source committed, regenerated from its offsets."""
+    """The exact records a source committed: regenerated from a generator's offsets, read back from an
+    external stream's retained input."""
     spec = plan.spec.operator(op)
+    if spec.type == "redis_stream":
+        return external_input(r, plan, op)
     count = plan.key_groups(op)
     offsets = r.hgetall(plan.keys.offsets(op))
     parts = [generators.global_indices(p, count, 0, int(offsets.get(f"p{p}".encode(), 0))) for p in range(count)]
@@ -36,6 +43,58 @@ def source_input(r: redis.Redis, plan: JobPlan, op: str):
     if spec.load_shedding is not None:
         indices = np.setdiff1d(indices, shed_indices(r, plan, op), assume_unique=True)
     return generators.generate(spec, plan.t0_ms, indices)
+
+
+def external_input(r: redis.Redis, plan: JobPlan, op: str) -> pa.Table:
+    """The records a redis_stream source committed: each partition's entries up to its committed cursor,
+    decoded as the source decodes them (so the records it dead-lettered drop out the same way), less the
+    records it shed. Unverifiable when the source's retention trimmed entries that the run consumed."""
+    spec = plan.spec.operator(op)
+    keys = plan.keys
+    offsets = {k.decode(): v for k, v in r.hgetall(keys.offsets(op)).items()}
+    decoder = external.Decoder(spec)
+    shed = shedding.shed_ids(r, keys.shed, op) if spec.load_shedding is not None else set()
+    total_shed = int(r.hget(keys.shed_totals, op) or 0)
+    if len(shed) != total_shed:
+        raise Unverifiable(f"{op}: the shed log names {len(shed)} of the {total_shed} records shed (trimmed)")
+    tables = []
+    for p in range(spec.partitions):
+        cursor = offsets.get(f"p{p}")
+        if cursor is None:
+            continue  # never consumed from
+        entries = _entries_up_to(r, keys.input_stream(op, p), cursor)
+        consumed = int(offsets[f"e{p}"]) - int(offsets[f"s{p}"])
+        if len(entries) != consumed:
+            raise Unverifiable(
+                f"{op}: input stream {p} holds {len(entries)} of the {consumed} entries the run consumed; the "
+                f"source's retention ({spec.retention.mode}) trimmed the others")
+        ids = [entry_id for entry_id, _ in entries]
+        decoded = decoder.decode(ids, [fields for _, fields in entries])
+        if decoded.table is None:
+            continue
+        table = decoded.table
+        if shed:
+            rows = range(table.num_rows)
+            names = [external.record_id(ids[decoded.entry[i]], None if decoded.row is None else int(decoded.row[i]))
+                     for i in rows]
+            table = table.filter(pa.array([(p, name) not in shed for name in names]))
+        tables.append(table)
+    if not tables:
+        schema = ddl.parse(spec.schema_) if spec.schema_ else pa.schema([])
+        return pa.table({**{f.name: pa.array([], f.type) for f in schema},
+                         "event_time": pa.array([], pa.int64()), "_ingest_ms": pa.array([], pa.int64())})
+    return pa.concat_tables(tables, promote_options="default")  # schemaless streams may differ in fields
+
+
+def _entries_up_to(r: redis.Redis, key: str, last: bytes, chunk: int = 10_000) -> list:
+    entries: list = []
+    low = "-"
+    while True:
+        part = r.xrange(key, min=low, max=last, count=chunk)
+        entries.extend(part)
+        if len(part) < chunk:
+            return entries
+        low = "(" + part[-1][0].decode()
 
 
 def shed_indices(r: redis.Redis, plan: JobPlan, op: str) -> np.ndarray:
@@ -142,9 +201,10 @@ def actual_output(spark: SparkSession, r: redis.Redis, plan: JobPlan, sink: str)
 
 
 def verify(spark: SparkSession, r: redis.Redis, plan: JobPlan) -> dict:
-    if not supported(plan):
-        return {"correct": None, "reason": "input from redis_stream sources is not reproducible"}
-    expected = expected_outputs(spark, r, plan)
+    try:
+        expected = expected_outputs(spark, r, plan)
+    except Unverifiable as exc:
+        return {"correct": None, "reason": f"cannot verify: {exc}"}
     result: dict[str, Any] = {"correct": True, "lost": 0, "duplicated": 0, "unexpected": 0, "sinks": {}}
     for sink in plan.spec.sinks:
         actual = actual_output(spark, r, plan, sink.name)

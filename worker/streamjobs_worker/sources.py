@@ -8,6 +8,11 @@ takes a partition over from another resumes where that one's last commit did.
 
 from __future__ import annotations
 
+import time
+from collections import deque
+from dataclasses import dataclass
+from operator import itemgetter
+
 import numpy as np
 import pyarrow as pa
 import redis
@@ -16,6 +21,7 @@ from streamjobs_core.generators import MAX_WATERMARK
 from streamjobs_core.plan import JobPlan
 from streamjobs_core.spec import RedisStreamSource
 
+from . import external
 from .inputs import MIN_WATERMARK
 from .transaction import Transaction
 
@@ -31,6 +37,10 @@ class _PartitionedSource:
     _plan: JobPlan
     _op: str
     _partitions: tuple[int, ...]
+
+    @property
+    def partitions(self) -> tuple[int, ...]:
+        return self._partitions
 
     def restore(self) -> None:
         self.acquire(self._partitions)
@@ -132,10 +142,17 @@ class GeneratorSource(_PartitionedSource):
 
 
 class RedisInputSource(_PartitionedSource):
-    """Records XADDed by external producers, one field per column, all strings.
+    """Records that external producers XADD, decoded by format and schema without a step per record
+    (external.py); records that do not decode go to `bad`, to be dead-lettered, and the rest go on.
 
-    Event time comes from `eventTimeField` (ms) or the ingest time; a partition's
-    watermark is the largest event time it delivered minus outOfOrderMs.
+    A partition's progress is its cursor (the last entry consumed), committed with three counts: records
+    consumed (n), its position, i.e. the entries its stream had up to the cursor, trimmed ones included (e),
+    whose difference from Redis's count of entries ever added is the backlog, and the position this run
+    started from (s), so that the oracle knows how many entries the run consumed. Event time is
+    `eventTimeField` or the entry ID's time; a partition's watermark is the largest event time it delivered
+    minus outOfOrderMs and, without an event time field, also follows Redis's clock once a read found no
+    more entries (a later entry's ID cannot be older). Consumed entries are trimmed in a commit as the
+    source's `retention` says; input not consumed yet never is.
     """
 
     def __init__(self, r: redis.Redis, plan: JobPlan, op: str, partitions: tuple[int, ...]) -> None:
@@ -143,95 +160,201 @@ class RedisInputSource(_PartitionedSource):
         self._plan = plan
         self._op = op
         self._spec: RedisStreamSource = plan.spec.operator(op)
+        self._decoder = external.Decoder(self._spec)
+        self._reader = external.StreamReader(r)
+        self._streams = {p: plan.keys.input_stream(op, p) for p in range(self._spec.partitions)}
+        self._partition_of = {name.encode(): p for p, name in self._streams.items()}
         self._partitions = tuple(partitions)
-        self._cursor = {p: b"0-0" for p in partitions}
-        self._marks = {p: MIN_WATERMARK for p in partitions}
-        # Entries consumed per partition since the stream began, committed with the cursor: with Redis's
-        # count of entries ever added it gives the backlog without reading ahead.
-        self._consumed = {p: 0 for p in partitions}
+        self._cursor: dict[int, bytes] = {}
+        self._marks: dict[int, int] = {}
+        self._counts: dict[int, _Counts] = {}
+        self._kept: dict[int, deque[tuple[int, float, bytes]]] = {}  # retention by time: (bucket, committed, cursor)
+        self._moved: set[int] = set()
+        self._now = time.time()
         self.bad: list[tuple[str, bytes, str, dict]] = []
         self._stopped = False
         self.behind = False
         self.pending = 0  # measured only for load shedding, and only when a read came back full
         self.ranges: shedding.Ranges = []  # (partition, ms, seq) of each partition's first entry: a seed
-        self._ids: list[tuple[int, bytes]] = []  # (partition, entry ID) of each row of the last poll
+        self._last = _Rows.none()  # where each row of the last poll came from
 
     def _resume(self, partition: int, offset: bytes | None, mark: bytes | None) -> None:
-        self._cursor[partition] = b"0-0" if offset is None else offset
+        keys = self._plan.keys
+        if offset is None:
+            self._cursor[partition] = b"0-0"
+            start = self._entries_before(partition)
+            self._counts[partition] = _Counts(0, start, start)
+            self._kept[partition] = deque()
+        else:
+            self._cursor[partition] = offset
+            n, e, s = self._r.hmget(keys.offsets(self._op), [f"n{partition}", f"e{partition}", f"s{partition}"])
+            self._counts[partition] = _Counts(int(n or 0), int(e or 0), int(s or 0))
+            # What was consumed before the restart is kept as long as if it had been committed now.
+            self._kept[partition] = deque([(-1, time.time(), offset)])
         self._marks[partition] = MIN_WATERMARK if mark is None else int(mark)
-        self._consumed[partition] = int(self._r.hget(self._plan.keys.offsets(self._op), f"n{partition}") or 0)
+
+    def _entries_before(self, partition: int) -> int:
+        """Entries of the stream that a fresh start will never see: those trimmed already."""
+        try:
+            info = self._r.xinfo_stream(self._streams[partition])
+        except redis.ResponseError:  # no stream yet
+            return 0
+        return max(0, int(info.get("entries-added", info["length"])) - int(info["length"]))
 
     def _forget(self, partition: int) -> None:
-        del self._cursor[partition], self._marks[partition], self._consumed[partition]
+        del self._cursor[partition], self._marks[partition], self._counts[partition], self._kept[partition]
+        self._moved.discard(partition)
 
     def shed_ids(self, mask: np.ndarray) -> list[tuple[int, bytes]]:
-        return [self._ids[i] for i in np.flatnonzero(mask)]
+        return self._last.ids_of(np.flatnonzero(mask))
 
-    def poll(self, budget: int, now: float, stop_requested: bool) -> tuple[pa.Table | None, int]:
+    def poll(self, budget: int, now: float, stop_requested: bool, block_ms: int = 0) -> tuple[pa.Table | None, int]:
+        """Records that arrived (at most about budget; an Arrow entry's records come whole) and the watermark
+        after them; `block_ms` > 0 waits that long for a first entry."""
         self._stopped |= stop_requested
         if self._stopped:
             return None, MAX_WATERMARK
         if not self._partitions:
             return None, self.watermark()
-        keys = self._plan.keys
-        streams = {keys.input_stream(self._op, p): self._cursor[p] for p in self._partitions}
-        count = max(1, budget // max(1, len(streams)))
-        reply = self._r.xread(streams, count=count)
-        self.behind = any(len(entries) >= count for _, entries in reply)
-        now_ms = int(now * 1000)
-        rows: list[dict] = []
-        times: list[int] = []
-        self.ranges, self._ids = [], []
-        partition_of = {keys.input_stream(self._op, p): p for p in self._partitions}
-        for name, entries in reply:
-            stream = name.decode()
-            p = partition_of[stream]
-            self._consumed[p] += len(entries)
-            if entries:
-                self.ranges.append((p, *(int(x) for x in entries[0][0].split(b"-"))))
-            for entry_id, fields in entries:
-                self._cursor[p] = entry_id
-                record = {k.decode(): v.decode("utf-8", "replace") for k, v in fields.items()}
-                event_time = now_ms
-                if self._spec.event_time_field:
-                    try:
-                        event_time = int(record[self._spec.event_time_field])
-                    except (KeyError, ValueError) as exc:
-                        self.bad.append((stream, entry_id, f"bad event time field: {exc!r}", record))
-                        continue
-                rows.append(record)
-                times.append(event_time)
-                self._ids.append((p, entry_id))
-                self._marks[p] = max(self._marks[p], event_time - self._spec.out_of_order_ms)
-        if not self._spec.event_time_field:
+        self._now = now
+        streams = {self._streams[p]: self._cursor[p] for p in self._partitions}
+        count = max(1, budget // len(streams))
+        server_ms, reply = self._reader.read(streams, count, block_ms)
+        ids: list[bytes] = []
+        fields: list = []
+        parts: list[int] = []
+        sizes: list[int] = []
+        full: set[int] = set()
+        self.ranges = []
+        for name, entries in reply:  # per stream; the entries themselves are gathered whole
+            if not entries:
+                continue
+            p = self._partition_of[name if isinstance(name, bytes) else name.encode()]
+            self._cursor[p] = entries[-1][0]
+            self._counts[p].position += len(entries)
+            self._moved.add(p)
+            if len(entries) >= count:
+                full.add(p)
+            self.ranges.append((p, *(int(x) for x in entries[0][0].split(b"-"))))
+            ids.extend(map(itemgetter(0), entries))
+            fields.extend(map(itemgetter(1), entries))
+            parts.append(p)
+            sizes.append(len(entries))
+        self.behind = bool(full)
+        decoded = self._decoder.decode(ids, fields)
+        entry_partition = np.repeat(np.array(parts, dtype=np.int64), sizes)
+        self._last = _Rows(entry_partition, ids, decoded.entry, decoded.row)
+        for i, error, record in decoded.bad:
+            p = int(entry_partition[i])
+            self.bad.append((self._streams[p], ids[i], error, record))
+            self._counts[p].records += 1
+        self._advance(decoded, entry_partition, server_ms, full)
+        self.pending = 0
+        if self.behind and self._spec.load_shedding and ids:
+            self.pending = int(self._backlog() * decoded.records / len(ids))
+        return decoded.table, self.watermark()
+
+    def _advance(self, decoded: external.Decoded, entry_partition: np.ndarray, server_ms: int, full: set[int]) -> None:
+        """Records consumed and watermarks, per partition."""
+        ooo = self._spec.out_of_order_ms
+        if decoded.table is not None:
+            row_partition = entry_partition[decoded.entry]
+            starts = np.flatnonzero(np.r_[True, row_partition[1:] != row_partition[:-1]])
+            event_time = decoded.table.column("event_time").to_numpy()
+            latest = np.maximum.reduceat(event_time, starts)
+            rows = np.diff(np.r_[starts, len(row_partition)])
+            for p, last, n in zip(row_partition[starts].tolist(), latest.tolist(), rows.tolist()):
+                self._counts[p].records += n
+                self._marks[p] = max(self._marks[p], last - ooo)
+        if self._spec.event_time_field is None:
+            # Every entry added before the read's clock reading was read (the read was not full): a later one
+            # gets an ID, hence an event time, of that reading or later.
             for p in self._partitions:
-                self._marks[p] = max(self._marks[p], now_ms - self._spec.out_of_order_ms)
-        self.pending = self._backlog() if self.behind and self._spec.load_shedding else 0
-        if not rows:
-            return None, self.watermark()
-        columns = sorted({k for row in rows for k in row})
-        table = pa.table({c: pa.array([row.get(c) for row in rows], pa.string()) for c in columns})
-        table = table.append_column("event_time", pa.array(times, pa.int64()))
-        return with_ingest_time(table, now_ms), self.watermark()
+                if p not in full:
+                    self._marks[p] = max(self._marks[p], server_ms - 1 - ooo)
 
     def _backlog(self) -> int:
+        """Entries added and not consumed yet, all partitions."""
         pipe = self._r.pipeline(transaction=False)
         for p in self._partitions:
-            pipe.xinfo_stream(self._plan.keys.input_stream(self._op, p))
-        return sum(max(0, info["entries-added"] - self._consumed[p]) for p, info in zip(self._partitions, pipe.execute()))
+            pipe.xinfo_stream(self._streams[p])
+        infos = pipe.execute()
+        return sum(max(0, info["entries-added"] - self._counts[p].position) for p, info in zip(self._partitions, infos))
 
     def watermark(self) -> int:
         return MAX_WATERMARK if self._stopped else min(self._marks.values(), default=MIN_WATERMARK)
 
     def stage(self, txn: Transaction) -> None:
         keys = self._plan.keys
-        txn.hset(keys.offsets(self._op), {**{f"p{p}": c for p, c in self._cursor.items()},
-                                          **{f"n{p}": n for p, n in self._consumed.items()}})
+        progress = {}
+        for p in self._moved:
+            c = self._counts[p]
+            progress.update({f"p{p}": self._cursor[p], f"n{p}": c.records, f"e{p}": c.position, f"s{p}": c.start})
+        if progress:
+            txn.hset(keys.offsets(self._op), progress)
         txn.hset(keys.watermarks(self._op), {f"p{p}": m for p, m in self._marks.items()})
+        self._trim(txn)
+        self._moved.clear()
+
+    def _trim(self, txn: Transaction) -> None:
+        """Trim consumed entries in this commit, per the retention: at once, or once committed `ms` ago."""
+        keep_ms = self._spec.retention.keep_ms
+        if keep_ms == 0:
+            for p in self._moved:
+                txn.trims[self._streams[p]] = _after(self._cursor[p])
+            return
+        keep_s = keep_ms / 1000
+        bucket = int(self._now * 1000) // max(1, keep_ms // 64)  # at most ~64 cursors remembered
+        for p in self._partitions:
+            kept = self._kept[p]
+            if p in self._moved:
+                if kept and kept[-1][0] == bucket:
+                    kept.pop()
+                kept.append((bucket, self._now, self._cursor[p]))
+            trim_to = None
+            while kept and self._now - kept[0][1] >= keep_s:
+                trim_to = kept.popleft()[2]
+            if trim_to is not None:
+                txn.trims[self._streams[p]] = _after(trim_to)
 
     @property
     def finished(self) -> bool:
         return self._stopped
+
+
+@dataclass
+class _Counts:
+    """A partition's progress beside its cursor (committed as n, e and s)."""
+
+    records: int  # records consumed in this run, bad ones included
+    position: int  # entries the stream had up to the cursor, trimmed ones included
+    start: int  # the position this run started from
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """Where each row of a poll came from: what a shed log entry names."""
+
+    entry_partition: np.ndarray
+    ids: list[bytes]
+    entry: np.ndarray
+    row: np.ndarray | None
+
+    @classmethod
+    def none(cls) -> _Rows:
+        empty = np.zeros(0, dtype=np.int64)
+        return cls(empty, [], empty, None)
+
+    def ids_of(self, rows: np.ndarray) -> list[tuple[int, bytes]]:
+        return [(int(self.entry_partition[self.entry[i]]),
+                 external.record_id(self.ids[self.entry[i]], None if self.row is None else int(self.row[i])))
+                for i in rows.tolist()]
+
+
+def _after(entry_id: bytes) -> str:
+    """The smallest ID after an entry's: XTRIM MINID to it removes that entry and all before."""
+    ms, seq = entry_id.split(b"-")
+    return f"{int(ms)}-{int(seq) + 1}"
 
 
 def make_source(r: redis.Redis, plan: JobPlan, op: str, partitions: tuple[int, ...]):

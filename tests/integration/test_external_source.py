@@ -1,0 +1,207 @@
+"""A redis_stream source against a real redis-server: input XADDed before the job starts survives the
+start, arrives exactly once with typed columns (bad values dead-lettered with their field named), its
+latency counts from the XADD, consumed input is trimmed as the retention says, and the oracle verifies
+the run from the retained input or says it cannot.
+
+The job's workers run in-process, stepped by hand, as in test_bad_input.py.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import msgpack
+import pyarrow as pa
+import pytest
+from streamjobs.local import LocalRuntime
+from streamjobs.oracle import verify
+from streamjobs_core.codec import encode_table
+from streamjobs_core.loading import parse_job
+from streamjobs_core.plan import JobPlan, write_assignment
+from streamjobs_worker.sources import RedisInputSource
+from streamjobs_worker.transaction import Fenced, Transaction
+from streamjobs_worker.worker import Worker
+
+SCHEMA = "user string, amount double, n bigint"
+BAD_EVERY = 25  # every 25th record's amount does not parse
+
+
+def job(name: str, partitions: int = 2, **source):
+    return parse_job({"metadata": {"name": name}, "spec": {
+        "maxParallelism": 4,
+        "sources": [{"name": "in", "type": "redis_stream", "partitions": partitions, "schema": SCHEMA, **source}],
+        "sinks": [{"name": "out", "type": "redis_stream", "inputs": ["in"]}],
+    }})
+
+
+def deploy(r, job_) -> JobPlan:
+    plan = JobPlan(job_, int(time.time() * 1000))
+    for op in plan.vertices:
+        write_assignment(r, plan.keys, op, plan.initial_assignment(op))
+    return plan
+
+
+def feed(r, keys, partitions: int, first: int, count: int) -> dict[int, bytes]:
+    """XADD records first..first+count-1 spread over the partitions; the entry ID of each."""
+    pipe = r.pipeline(transaction=False)
+    for n in range(first, first + count):
+        amount = "lots" if n % BAD_EVERY == 0 else str(n / 4)
+        pipe.xadd(keys.input_stream("in", n % partitions), {"user": f"u{n % 7}", "amount": amount, "n": n})
+    return dict(zip(range(first, first + count), pipe.execute()))
+
+
+def run_until_drained(r, plan, workers, records: int, timeout_s: float = 20.0) -> None:
+    """Step until the source committed all records fed, then stop it and step until the sink is done."""
+    deadline = time.monotonic() + timeout_s
+    while sum(int(v) for f, v in r.hgetall(plan.keys.offsets("in")).items() if f.startswith(b"n")) < records:
+        assert time.monotonic() < deadline, "the source did not consume its input"
+        for worker in workers:
+            worker.step()
+    r.hset(plan.keys.control, "stop", "1")
+    while r.scard(plan.keys.done("out")) < 1:
+        assert time.monotonic() < deadline, "the job did not drain"
+        for worker in workers:
+            worker.step()
+
+
+def output(r, plan) -> list[int]:
+    return sorted(int(fields[b"n"]) for _, fields in r.xrange(plan.keys.output_stream("out")))
+
+
+def test_input_written_before_the_start_arrives_once_typed_and_bad_values_are_dead_lettered(r, redis_server, spark,
+                                                                                          tmp_path):
+    job_ = job("ext")
+    runtime = LocalRuntime(job_, redis_server.url, tmp_path)
+    keys = runtime.keys
+    ids = feed(r, keys, 2, 0, 300)
+    r.xadd(keys.output_stream("out"), {"n": "-1"})  # an earlier run's output and progress
+    r.hset(keys.offsets("in"), "p0", "1-0")
+    runtime._clear_job_keys()  # as `streamjobs run` does before it deploys
+    assert [r.xlen(keys.input_stream("in", p)) for p in (0, 1)] == [150, 150]  # producers' input kept
+    assert not r.exists(keys.output_stream("out"), keys.offsets("in"))  # the earlier run's reset
+    time.sleep(0.3)  # the records wait in their streams: their latency counts from the XADD
+
+    plan = deploy(r, job_)
+    first = [Worker(r, plan, op, 0) for op in plan.vertices]
+    for worker in first:
+        worker.restore()
+        worker.step()
+    ids.update(feed(r, keys, 2, 300, 100))
+    time.sleep(0.3)
+    second = [Worker(r, plan, op, 0) for op in plan.vertices]  # restarted: a new incarnation of each
+    for worker in second:
+        worker.restore()
+    with pytest.raises(Fenced):
+        first[0].step()  # the old incarnation reads the new input but cannot commit it
+    run_until_drained(r, plan, second, 400)
+
+    good = [n for n in range(400) if n % BAD_EVERY]
+    assert output(r, plan) == good  # every good record once, none twice, none lost
+    row = next(fields for _, fields in r.xrange(plan.keys.output_stream("out")) if fields[b"n"] == b"1")
+    assert (row[b"user"], float(row[b"amount"])) == (b"u1", 0.25)
+    dead = [{k.decode(): v.decode() for k, v in fields.items()} for _, fields in r.xrange(keys.dead_letter)]
+    assert sorted(d["id"] for d in dead) == sorted(ids[n].decode() for n in range(0, 400, BAD_EVERY))
+    assert {d["error"] for d in dead} == {"field 'amount': 'lots' is not a double"}
+    assert {d["operator"] for d in dead} == {"in"}
+    latencies = [ms for _, fields in r.xrange(keys.latency_samples) for ms in msgpack.unpackb(fields[b"l"])]
+    assert min(latencies) >= 300, "latency counts from the XADD, at least 300 ms before a worker read it"
+    assert r.xlen(keys.input_stream("in", 0)) == 200  # kept for the retention's 10 minutes
+
+    result = verify(spark, r, plan)
+    assert result["correct"] is True and result["sinks"]["out"]["expected"] == len(good), result
+
+
+def test_a_trimming_source_keeps_no_consumed_input_and_its_run_cannot_be_verified(r, spark):
+    plan = deploy(r, job("trim", partitions=1, retention={"mode": "trim"}))
+    feed(r, plan.keys, 1, 0, 2_000)
+    workers = [Worker(r, plan, op, 0) for op in plan.vertices]
+    for worker in workers:
+        worker.restore()
+    run_until_drained(r, plan, workers, 2_000)
+    assert output(r, plan) == [n for n in range(2_000) if n % BAD_EVERY]
+    # XTRIM MINID ~ drops whole nodes of the stream: at most one node's entries (100) stay.
+    assert r.xlen(plan.keys.input_stream("in", 0)) <= 100
+    result = verify(spark, r, plan)
+    assert result["correct"] is None and "cannot verify" in result["reason"], result
+
+
+def commit(r, txn: Transaction) -> None:
+    """The source's share of a commit, applied as the checkpoint does but trimming exactly."""
+    for key, mapping in txn.hsets.items():
+        r.hset(key, mapping=mapping)
+    for key, minid in txn.trims.items():
+        r.xtrim(key, minid=minid, approximate=False)
+
+
+def test_consumed_input_is_trimmed_when_the_retention_says_and_unconsumed_input_never(r):
+    plan = deploy(r, job("keep", partitions=1, retention={"ms": 300}))
+    stream = plan.keys.input_stream("in", 0)
+    ids = feed(r, plan.keys, 1, 0, 500)
+    source = RedisInputSource(r, plan, "in", (0,))
+    source.restore()
+    now = time.time()
+    table, _ = source.poll(200, now, False)
+    txn = Transaction()
+    source.stage(txn)
+    commit(r, txn)
+    assert not txn.trims and r.xlen(stream) == 500  # consumed, but committed less than 300 ms ago
+    source.poll(100, now + 0.1, False)
+    txn = Transaction()
+    source.stage(txn)
+    commit(r, txn)
+    source.poll(100, now + 0.35, False)  # the first commit is now 350 ms old, the second 250 ms
+    txn = Transaction()
+    source.stage(txn)
+    commit(r, txn)
+    assert r.xrange(stream, count=1)[0][0] == ids[200]  # the first 200 trimmed, the next 200 not yet
+    assert r.xlen(stream) == 300
+
+    restarted = RedisInputSource(r, plan, "in", (0,))  # resumes from the committed cursor
+    restarted.restore()
+    table, _ = restarted.poll(1_000, time.time(), False)
+    assert table.column("n").to_pylist() == [n for n in range(400, 500) if n % BAD_EVERY]
+    assert [bad[1] for bad in restarted.bad] == [ids[n] for n in range(400, 500, BAD_EVERY)]
+
+
+def test_ingest_time_and_event_time_are_the_entry_ids_time_and_idle_partitions_follow_redis_clock(r):
+    plan = deploy(r, job("times"))
+    ids = feed(r, plan.keys, 2, 1, 6)  # partition 1 gets 1, 3, 5; partition 0 gets 2, 4, 6
+    source = RedisInputSource(r, plan, "in", (0, 1))
+    source.restore()
+    table, watermark = source.poll(1_000, time.time(), False)
+    id_ms = {n: int(entry_id.split(b"-")[0]) for n, entry_id in ids.items()}
+    rows = table.to_pylist()
+    assert {row["n"]: row["_ingest_ms"] for row in rows} == {n: id_ms[n] for n in range(1, 7)}
+    assert all(row["event_time"] == row["_ingest_ms"] for row in rows)
+    seconds, micros = r.time()
+    # Both partitions read all they had: any later entry's ID is later than the clock read before.
+    assert max(id_ms.values()) <= watermark < seconds * 1000 + micros // 1000
+
+
+@pytest.mark.parametrize("fmt", ["json", "arrow"])
+def test_the_oracle_verifies_a_run_of_json_and_arrow_input(r, spark, fmt):
+    schema = "user string, amount double, n bigint, small int, ok boolean, f float"
+    plan = deploy(r, parse_job({"metadata": {"name": f"v-{fmt}"}, "spec": {
+        "maxParallelism": 4,
+        "sources": [{"name": "in", "type": "redis_stream", "format": fmt, "schema": schema}],
+        "sinks": [{"name": "out", "type": "redis_stream", "inputs": ["in"]}]}}))
+    records = [{"user": f"u{n}", "amount": n / 4, "n": n, "small": n % 5, "ok": n % 2 == 0, "f": n / 8}
+               for n in range(200)]
+    records[7]["amount"] = "lots"  # does not parse: dead-lettered, and left out by the oracle too
+    stream = plan.keys.input_stream("in", 0)
+    if fmt == "json":
+        for record in records:
+            r.xadd(stream, {"data": json.dumps(record)})
+    else:
+        for i in range(0, 200, 50):
+            part = records[i:i + 50]
+            r.xadd(stream, {"data": encode_table(pa.table({k: [str(x[k]) for x in part] for k in part[0]}))})
+    workers = [Worker(r, plan, op, 0) for op in plan.vertices]
+    for worker in workers:
+        worker.restore()
+    run_until_drained(r, plan, workers, 200)
+    assert output(r, plan) == [n for n in range(200) if n != 7]
+    assert r.xlen(plan.keys.dead_letter) == 1
+    result = verify(spark, r, plan)
+    assert result["correct"] is True and result["sinks"]["out"]["expected"] == 199, result
