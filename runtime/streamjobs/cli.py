@@ -65,8 +65,11 @@ def _status(args) -> int:
     r, keys, plan = found
     out = {}
     for op in plan.spec.operators:
-        assignment = read_assignment(r, keys, op.name)
+        head = plan.head(op.name)  # a chained operator runs in its chain head's workers
+        assignment = read_assignment(r, keys, head)
         out[op.name] = {"parallelism": assignment.parallelism, "epoch": assignment.epoch} if assignment else None
+        if out[op.name] is not None and head != op.name:
+            out[op.name]["chained_to"] = head
     pending = [json.loads(x) for x in r.lrange(keys.rescale_requests, 0, -1)]
     history = [json.loads(x) for x in r.lrange(keys.rescale_history, 0, -1)]
     current = progress(r, keys)
@@ -94,6 +97,8 @@ def _rescale(args) -> int:
         return 2
     before = r.llen(keys.rescale_history)
     strategy = args.strategy or spec.rescale.strategy
+    if plan.head(args.operator) != args.operator:
+        print(f"'{args.operator}' is chained to '{plan.head(args.operator)}': the chain rescales as one", file=sys.stderr)
     request = {"operator": args.operator, "parallelism": args.parallelism, "strategy": strategy}
     r.rpush(keys.rescale_requests, json.dumps(request))
     deadline = time.monotonic() + args.wait
@@ -109,8 +114,6 @@ def _rescale(args) -> int:
 def _bench(args) -> int:
     from pathlib import Path
 
-    from .bench import throughput
-
     if args.name == "autoscale":
         from .bench import autoscale
 
@@ -121,7 +124,17 @@ def _bench(args) -> int:
 
         png = str(Path(args.json).with_suffix(".png")) if args.json else None
         measured = rescale.run(args.quick, args.state_mb, png, args.strategy)
+    elif args.name == "latency":
+        from .bench import latency
+
+        measured = latency.run(args.quick)
+    elif args.name == "hop":
+        from .bench import hop
+
+        measured = hop.run(args.quick)
     else:
+        from .bench import throughput
+
         measured = throughput.run(args.quick)
     result = {"bench": args.name, "quick": args.quick, **measured}
     text = json.dumps(result, indent=2)
@@ -187,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     rescale.set_defaults(func=_rescale)
 
     bench = sub.add_parser("bench", help="benchmarks measured on this machine")
-    bench.add_argument("name", choices=["throughput", "autoscale", "rescale"])
+    bench.add_argument("name", choices=["throughput", "latency", "hop", "autoscale", "rescale"])
     bench.add_argument("--scenario", action="append", default=None,
                        help="autoscale: run only this load profile (repeatable)")
     bench.add_argument("--strategy", action="append", default=None, choices=STRATEGIES,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from streamjobs.bench import throughput
+from streamjobs.bench import sss_peer, throughput
 
 
 def test_ours_consumes_the_whole_prefilled_backlog(r, spark):
@@ -15,6 +15,6 @@ def test_ours_consumes_the_whole_prefilled_backlog(r, spark):
 
 
 def test_peer_reports_rows_from_progress(spark):
-    result = throughput.measure_peer(spark, rows_per_batch=5_000, batches=2)
+    result = sss_peer.measure_peer(spark, rows_per_batch=5_000, batches=2, vocabulary=throughput.VOCABULARY)
     assert result["peer_measured_records"] >= 5_000
     assert result["peer_records_per_s"] > 0

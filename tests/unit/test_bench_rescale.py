@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-from streamjobs.bench.rescale import longest_gap_ms, pause_ms, per_bin, summary
+from streamjobs.bench.rescale import held_up_ms, longest_gap_ms, output_gap_ms, per_bin, summary
 
 
 def test_the_longest_gap_counts_the_window_edges():
@@ -13,12 +13,21 @@ def test_the_longest_gap_counts_the_window_edges():
     assert longest_gap_ms(times, 0, 1_100) == 1_000  # from the start edge to the first event
 
 
-def test_a_pause_is_the_worst_moved_key_group_not_the_others():
+def test_an_output_gap_is_the_worst_moved_key_group_not_the_others():
     times = np.array([0, 100, 200, 300, 400, 0, 400])
     groups = np.array([1, 1, 1, 1, 1, 2, 2])
-    assert pause_ms(times, groups, [1], 0, 400) == 100
-    assert pause_ms(times, groups, [1, 2], 0, 400) == 400
-    assert pause_ms(times, groups, [3], 0, 400) == 400  # no output at all: paused throughout
+    assert output_gap_ms(times, groups, [1], 0, 400) == 100
+    assert output_gap_ms(times, groups, [1, 2], 0, 400) == 400
+    assert output_gap_ms(times, groups, [3], 0, 400) == 400  # no output at all: silent throughout
+
+
+def test_a_pause_is_how_much_later_than_usual_a_moved_key_groups_result_came():
+    times = np.array([1_000, 2_000, 3_000, 3_000])
+    groups = np.array([1, 1, 2, 1])
+    latency = np.array([300.0, 900.0, 2_500.0, 250.0])  # key group 2 (not moved) was late too
+    assert held_up_ms(times, groups, latency, [1], 0, 5_000, usual_ms=300) == 600
+    assert held_up_ms(times, groups, latency, [1], 2_500, 5_000, usual_ms=300) == 0  # on time: no pause
+    assert held_up_ms(times, groups, latency, [3], 0, 5_000, usual_ms=300) == 0
 
 
 def test_per_bin_percentiles_and_empty_bins():
@@ -31,7 +40,7 @@ def test_per_bin_percentiles_and_empty_bins():
 
 
 def test_a_strategy_reports_the_worse_of_scale_out_and_scale_in():
-    base = {"max_latency_ms": 10.0, "p99_latency_ms": 8.0, "pause_ms": 100.0, "rescale_s": 3.0,
+    base = {"max_latency_ms": 10.0, "p99_latency_ms": 8.0, "pause_ms": 100.0, "output_gap_ms": 900.0, "rescale_s": 3.0,
             "handover_ms": 900.0, "bytes_moved": 10}
     measured = {"lost": 0, "duplicated": 0, "correct": True,
                 "rescales": [base, {**base, "pause_ms": 300.0, "bytes_moved": 5, "max_latency_ms": None}]}

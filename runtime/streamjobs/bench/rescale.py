@@ -3,9 +3,16 @@
 A stateful window job runs at steady load on the local runtime; its window
 stage scales out 2 -> 4 and back in 4 -> 2 with each strategy. Everything is
 read back from Redis after the run, per 100 ms: end-to-end latency (the sinks'
-samples) and output records. A moved key group's pause is the longest stretch
-without output for it around the rescale, next to the same measure at steady
-state. State size is set with ballast: window state in windows that never fire
+samples) and output records. A moved key group's pause (`pause_ms`) is how much
+later than usual its results reached the sink around the rescale: the largest
+(commit time - window end) of a moved key group's output, less the steady
+median of that latency over all key groups. It is the time the key group was
+held up by the move, as Flink's `flink_restart_pause_ms` is the time every key
+group is held up by a stop-with-savepoint and restart (measured in the same
+run, flink_peer.py, at the same state size). `output_gap_ms` is the longest
+stretch without output of a moved key group, which with 1 s windows is never
+below the ~1-2 s between a key group's results (`steady_output_gap_ms`).
+State size is set with ballast: window state in windows that never fire
 (they start beyond any watermark), written as snapshots before the workers
 start, so it is restored, prestaged and moved like any other state.
 
@@ -23,6 +30,7 @@ from pathlib import Path
 
 import msgpack
 import numpy as np
+import pyarrow as pa
 import redis
 from rich.console import Console
 from streamjobs_core.generators import MAX_WATERMARK
@@ -31,6 +39,7 @@ from streamjobs_core.layout import JobKeys
 from streamjobs_core.loading import parse_job
 from streamjobs_core.spec import StreamJob
 from streamjobs_worker.recovery import write_snapshot
+from streamjobs_worker.stages import window_state_rows
 
 from ..redis_server import RedisServer
 from ..run import run_job
@@ -39,7 +48,7 @@ STAGE, SINK = "count", "counts"
 MEASURED = ("all_at_once", "fluid", "batched", "restart")
 BIN_MS = 100
 RATE = 2000
-BALLAST_VALUE_BYTES = 1024
+BALLAST_ROW_BYTES = 1024
 _AFTER_S = 10.0  # how long after a rescale its effects on latency are counted
 
 
@@ -60,16 +69,17 @@ def bench_job(name: str) -> StreamJob:
 
 
 def ballast(state_mb: float):
-    """`prepare` hook: `state_mb` MB of never-firing window state, spread over the stage's key groups."""
+    """`prepare` hook: `state_mb` MB of never-firing window state, spread over the stage's key groups:
+    rows of long keys in the window that starts at MAX_WATERMARK."""
 
     def prepare(r, plan) -> None:
         key_groups = plan.key_groups(STAGE)
-        per_kg = max(1, int(state_mb * 1e6 / BALLAST_VALUE_BYTES / key_groups))
-        value = (b"b" * BALLAST_VALUE_BYTES,)
+        per_kg = max(1, int(state_mb * 1e6 / BALLAST_ROW_BYTES / key_groups))
+        spec = plan.spec.operator(STAGE)
         for kg in range(key_groups):
-            items = [((f"~ballast-{kg}-{i}", MAX_WATERMARK), value) for i in range(per_kg)]
+            keys = pa.array([f"~ballast-{kg}-{i}-".ljust(BALLAST_ROW_BYTES, "~") for i in range(per_kg)])
             pipe = r.pipeline(transaction=False)
-            write_snapshot(pipe, plan.keys, STAGE, kg, b"0-1", items)
+            write_snapshot(pipe, plan.keys, STAGE, kg, b"0-1", window_state_rows(spec, keys, MAX_WATERMARK))
             pipe.execute()
 
     return prepare
@@ -122,14 +132,24 @@ def latency_by_time(r, keys) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(times, dtype=np.int64), np.asarray(values, dtype=np.float64)
 
 
-def outputs_by_key_group(r, keys, max_parallelism: int) -> tuple[np.ndarray, np.ndarray]:
-    """(time ms, key group) of every output record, the time being when the sink committed it."""
-    times, words = [], []
+def outputs_by_key_group(r, keys, max_parallelism: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(time ms, key group, latency ms) of every output record: when the sink committed it, and that less
+    its window's end."""
+    times, words, ends = [], [], []
     for entry_id, fields in r.xrange(keys.output_stream(SINK)):
         times.append(int(entry_id.split(b"-")[0]))
         words.append(fields[b"word"].decode())
+        ends.append(int(fields[b"window_end"]))
     groups = key_groups_of(np.asarray(words, dtype=object), max_parallelism) if words else np.zeros(0, dtype=np.int64)
-    return np.asarray(times, dtype=np.int64), groups
+    times = np.asarray(times, dtype=np.int64)
+    return times, groups, (times - np.asarray(ends, dtype=np.int64)).astype(np.float64)
+
+
+def held_up_ms(times: np.ndarray, groups: np.ndarray, latency: np.ndarray, kgs: list[int], start_ms: float,
+               end_ms: float, usual_ms: float) -> float:
+    """How much later than `usual_ms` the latest result of any of `kgs` committed within [start, end] came."""
+    chosen = np.isin(groups, kgs) & (times >= start_ms) & (times <= end_ms)
+    return max(0.0, float(latency[chosen].max()) - usual_ms) if chosen.any() else 0.0
 
 
 def longest_gap_ms(times: np.ndarray, start_ms: float, end_ms: float) -> float:
@@ -139,7 +159,7 @@ def longest_gap_ms(times: np.ndarray, start_ms: float, end_ms: float) -> float:
     return float(np.diff(edges).max())
 
 
-def pause_ms(times: np.ndarray, groups: np.ndarray, kgs: list[int], start_ms: float, end_ms: float) -> float:
+def output_gap_ms(times: np.ndarray, groups: np.ndarray, kgs: list[int], start_ms: float, end_ms: float) -> float:
     """The longest stretch without output for any of `kgs` within [start, end]."""
     return max((longest_gap_ms(times[groups == kg], start_ms, end_ms) for kg in kgs), default=0.0)
 
@@ -167,17 +187,22 @@ def measure(strategy: str, steps: list[int], steady_s: float, state_mb: float, c
         r = redis.Redis.from_url(server.url)
         keys = JobKeys(job.metadata.name)
         lat_t, lat_v = latency_by_time(r, keys)
-        out_t, out_kg = outputs_by_key_group(r, keys, job.spec.max_parallelism)
+        out_t, out_kg, out_latency = outputs_by_key_group(r, keys, job.spec.max_parallelism)
         r.close()
     verification = report.get("verification", {})
     first_ms = rescaler.rescales[0]["start_ms"]
     steady_from = max(float(lat_t.min()) if len(lat_t) else first_ms, first_ms - steady_s * 1000 / 2)
     steady = lat_v[(lat_t >= steady_from) & (lat_t < first_ms)]
     all_kgs = list(range(job.spec.max_parallelism))
+    steady_out = (out_t >= steady_from) & (out_t < first_ms)
+    usual = float(np.median(out_latency[steady_out])) if steady_out.any() else 0.0
     result = {
         "state_mb": state_mb,
         "steady_p99_ms": float(np.percentile(steady, 99)) if len(steady) else None,
-        "steady_pause_ms": pause_ms(out_t, out_kg, all_kgs, steady_from, first_ms),
+        "steady_result_latency_p50_ms": usual,
+        # The same measure as pause_ms over the steady stretch: how late results come without any rescale.
+        "steady_pause_ms": held_up_ms(out_t, out_kg, out_latency, all_kgs, steady_from, first_ms, usual),
+        "steady_output_gap_ms": output_gap_ms(out_t, out_kg, all_kgs, steady_from, first_ms),
         "lost": verification.get("lost"), "duplicated": verification.get("duplicated"),
         "correct": verification.get("correct"), "restarts": report["restarts"],
         "rescales": [],
@@ -190,7 +215,9 @@ def measure(strategy: str, steps: list[int], steady_s: float, state_mb: float, c
             "from": record["from"], "to": record["to"],
             "max_latency_ms": float(chosen.max()) if len(chosen) else None,
             "p99_latency_ms": float(np.percentile(chosen, 99)) if len(chosen) else None,
-            "pause_ms": pause_ms(out_t, out_kg, done["moved"], start - 1000, end + _AFTER_S * 1000),
+            "pause_ms": held_up_ms(out_t, out_kg, out_latency, done["moved"], start - 1000, end + _AFTER_S * 1000,
+                                   usual),
+            "output_gap_ms": output_gap_ms(out_t, out_kg, done["moved"], start - 1000, end + _AFTER_S * 1000),
             "rescale_s": record["rescale_s"], "handover_ms": record["pause_ms"],
             "moved_key_groups": len(done["moved"]), "bytes_moved": done["bytes_moved"],
             "released_at_commit": record.get("released_at_commit", 0),  # fluid/batched: not at a marker
@@ -210,8 +237,8 @@ def summary(measured: dict) -> dict:
         values = [row[key] for row in rows if row[key] is not None]
         return max(values) if values else None
 
-    return {key: worst(key) for key in ("max_latency_ms", "p99_latency_ms", "pause_ms", "rescale_s", "handover_ms",
-                                         "bytes_moved")} | {"lost": measured["lost"],
+    return {key: worst(key) for key in ("max_latency_ms", "p99_latency_ms", "pause_ms", "output_gap_ms", "rescale_s",
+                                         "handover_ms", "bytes_moved")} | {"lost": measured["lost"],
                                                             "duplicated": measured["duplicated"],
                                                             "correct": measured["correct"]}
 
@@ -237,6 +264,16 @@ def run(quick: bool, state_mb: float | None = None, png: str | None = None, only
         result["handover_growth"] = round(at_large / at_small, 3) if at_small else None
         result["handover_growth_states_mb"] = [small, large]
         result["runs"] = {**runs, "all_at_once_large_state": grown}
+    from .latency import FLINK_MISSING, flink_peer
+
+    flink = flink_peer()
+    if flink is None:
+        result["flink"] = FLINK_MISSING
+    else:  # Flink's own way to rescale the same state: stop with a savepoint, restart at the new parallelism
+        result.update(flink.measure_restart(small, 2, 4))
+        for figures in result["strategies"].values():
+            if figures["pause_ms"] is not None:
+                figures["pause_over_flink_restart"] = round(figures["pause_ms"] / result["flink_restart_pause_ms"], 3)
     if png:
         plot(result["runs"], png)
         result["png"] = png
