@@ -263,9 +263,9 @@ class _Stage(_Consumer):
     where: str | None = Field(None, description="Spark SQL predicate; only matching input records reach the stage.")
     on_error: Literal["dead_letter", "fail"] = Field(
         "dead_letter", description="When the stage fails on a batch (a user function raises, Spark refuses a "
-        "cast): dead_letter splits the batch until the records it fails on alone are found, sends them to the "
-        "job's dead-letter stream with the error and processes the rest; fail stops the worker (it restarts "
-        "and fails again until the stage or its input is fixed).",
+        "cast): dead_letter finds the records it fails on alone (from Spark's error in one pass, else by group "
+        "testing), sends them to the job's dead-letter stream with the error and processes the rest; fail stops "
+        "the worker (it restarts and fails again until the stage or its input is fixed).",
     )
 
 
@@ -404,10 +404,13 @@ class StateSettings(_Model):
 class BatchingSettings(_Model):
     min_records: int = Field(1, ge=1, description="Smallest batch under no load.")
     max_records: int = Field(200_000, ge=1, description="Largest batch under backlog.")
-    max_wait_ms: int = Field(100, ge=0, description="How long an idle instance waits for input.")
+    max_wait_ms: int = Field(100, ge=0, description="How long an idle instance blocks on its input streams "
+                             "before it looks at handovers and control requests again (it wakes at once when "
+                             "input arrives).")
     min_interval_ms: int = Field(
-        500, ge=0, description="Without backlog a Spark batch starts at most this often, so Spark's fixed cost "
-        "per batch does not keep a core busy at light load.",
+        500, ge=0, description="Without backlog, the longest a record waits for its batch where running it at "
+        "once would lower no latency (a window not due yet) or would spend more than half of the time on "
+        "Spark's fixed cost per batch (pacing.py); batches that lower latency run at once.",
     )
     target_batch_ms: int = Field(
         1000, ge=50, description="Batch duration the adaptive sizing aims for under backlog."

@@ -24,7 +24,8 @@ def _job():
                      "rate": {"recordsPerSecond": OFFERED},
                      "loadShedding": {"maxBacklogRecords": BACKLOG_BOUND, "fraction": 0.5}}],
         # No Spark stage: the slow sink makes the overload, and the test starts no worker JVM.
-        "sinks": [{"name": "out", "type": "redis_stream", "inputs": ["words"], "simulatedCostUs": 1000}],
+        "sinks": [{"name": "out", "type": "redis_stream", "inputs": ["words"], "simulatedCostUs": 1000,
+                   "chain": False}],  # its own worker, behind an edge whose backpressure holds the source back
         # Backpressure holds the source back, so the backlog builds where shedding sees it.
         "batching": {"maxLagRecords": 1_000, "maxRecords": 500},
     }})

@@ -281,4 +281,6 @@ class StreamReader:
             pipe.time()
             pipe.xread(streams, count=count, block=block)
             (seconds, micros), reply = pipe.execute()
+        if isinstance(reply, dict):  # RESP3 (redis-py's default from 8.0) sends a map of streams
+            reply = list(reply.items())
         return seconds * 1000 + micros // 1000, reply or []

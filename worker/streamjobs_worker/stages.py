@@ -21,7 +21,7 @@ from streamjobs_core.generators import MAX_WATERMARK
 from streamjobs_core.keygroups import key_groups_of
 from streamjobs_core.spec import StatefulStage, WindowAggregateStage
 
-from . import spark
+from . import phases, spark
 from .inputs import MIN_WATERMARK
 from .state import KG, KeyGroupStore, StateLayout, groups_of, last_per_key, replace_rows, take
 
@@ -54,8 +54,10 @@ class _SparkStage:
                 table = self._schemas[upstream].empty_table()
             else:
                 continue
-            # One chunk: Spark would otherwise make a partition per tiny entry.
-            df = self.spark.createDataFrame(table.combine_chunks()).coalesce(1)
+            with phases.phase("to_jvm"):
+                # One chunk, one partition: Spark would otherwise make a partition per tiny entry, and an
+                # aggregation over a single partition needs no exchange.
+                df = self.spark.createDataFrame(table.combine_chunks()).coalesce(1)
             if self.spec.where:
                 df = df.filter(self.spec.where)
             df.createOrReplaceTempView(view_name(upstream))
@@ -78,7 +80,9 @@ class SqlStage(_SparkStage):
         if not batch.records:
             return None, watermark
         self._register_inputs(batch)
-        return self.spark.sql(self.spec.query).toArrow(), watermark
+        with phases.phase("plan"):
+            df = self.spark.sql(self.spec.query)
+        return collect(df), watermark
 
 
 class PySparkStage(_SparkStage):
@@ -90,7 +94,9 @@ class PySparkStage(_SparkStage):
         if not batch.records:
             return None, watermark
         df = self._register_inputs(batch)
-        return self._fn(df).toArrow(), watermark
+        with phases.phase("plan"):
+            result = self._fn(df)
+        return collect(result), watermark
 
 
 _PARTIALS = {"count": ("count(*)",), "sum": ("sum({c})",), "avg": ("sum({c})", "count({c})"),
@@ -196,16 +202,23 @@ class WindowAggregate(_SparkStage):
         for kg in self.store.key_groups:
             mark = watermark if watermark == MAX_WATERMARK else batch.watermarks.get(kg, watermark)
             self._watermarks[kg] = max(self._fired_before(kg), mark)
-        out = self._fire()
+        with phases.phase("state"):
+            out = self._fire()
         lateness = self.spec.allowed_lateness_ms
         out_watermark = watermark if watermark == MAX_WATERMARK else watermark - lateness
         return out, out_watermark
 
     def _add(self, batch) -> None:
         self._register_inputs(batch)
-        partials = self.spark.sql(partial_sql(self.spec)).toArrow()
+        with phases.phase("plan"):
+            df = self.spark.sql(partial_sql(self.spec))
+        partials = collect(df)
         if not partials.num_rows:
             return
+        with phases.phase("state"):
+            self._merge(partials)
+
+    def _merge(self, partials: pa.Table) -> None:
         if partials.column("ws").null_count:
             raise ValueError(f"{self.spec.name}: a record has no event_time")
         starts = partials.column("ws").to_numpy()
@@ -295,11 +308,16 @@ class Stateful(_SparkStage):
         df = self._register_inputs(batch)
         spark_schema = StructType([df.schema[self.spec.key_by], *self._state_fields])
         schema = to_arrow_schema(spark_schema)
-        state = state_frame(self.spark, self._state_of(batch, schema), spark_schema)
-        out, new_state = self._fn(df, state)
+        with phases.phase("state"):
+            rows = self._state_of(batch, schema)
+        with phases.phase("to_jvm"):
+            state = state_frame(self.spark, rows, spark_schema)
+        with phases.phase("plan"):
+            out, new_state = self._fn(df, state)
         # Both results before any state changes: a batch that fails leaves the state as it was.
         output, updates = collect_both(out, new_state)
-        self._save(updates, schema)
+        with phases.phase("state"):
+            self._save(updates, schema)
         return output, watermark
 
     def _state_of(self, batch, schema: pa.Schema) -> pa.Table:
@@ -382,15 +400,25 @@ def collect_both(first, second) -> tuple[pa.Table, pa.Table]:
     from pyspark.sql import functions as F
 
     if any(not df.columns or len(set(df.columns)) < len(df.columns) for df in (first, second)):
-        return first.toArrow(), second.toArrow()
+        return collect(first), collect(second)
 
     def nested(df):
         return F.struct(*[F.col("`" + c.replace("`", "``") + "`") for c in df.columns]).cast(_nullable(df.schema))
 
     both = first.select(nested(first).alias("a"), F.lit(None).cast(_nullable(second.schema)).alias("b")).union(
         second.select(F.lit(None).cast(_nullable(first.schema)).alias("a"), nested(second).alias("b")))
-    table = both.toArrow()
+    table = collect(both)
     return _unnest(table, "a", first), _unnest(table, "b", second)
+
+
+def collect(df) -> pa.Table:
+    """Run the query and bring its result back as Arrow. Under a profile (phases.py) the physical plan is
+    made first, so planning and execution are told apart (the plan is made once either way)."""
+    if phases.active():
+        with phases.phase("plan"):
+            df._jdf.queryExecution().executedPlan()
+    with phases.phase("execute"):
+        return df.toArrow()
 
 
 def _nullable(schema):
