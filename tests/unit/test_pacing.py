@@ -73,3 +73,15 @@ def test_a_source_polls_once_a_tick_at_once_when_behind_and_paces_a_chained_spar
     chained = Pacing(BATCHING, None, is_source=True, runs_spark=True)
     chained.ran(batch(1, {0: 0}), busy_s=0.2, now=1.0)
     assert chained.source_wait_ms(behind=False, now=1.05) == 150  # half its time at most on a 200 ms batch
+
+
+def test_a_window_stage_holds_waiting_records_back_when_a_window_end_is_close():
+    pacing = Pacing(BATCHING, WINDOW, is_source=False)
+    pacing.ran(batch(10, {0: 500}), busy_s=0.1, now=0.0)
+    assert not pacing.due(batch(10, {0: 550}), False, now=0.1)
+    assert pacing.due(batch(10, {0: 600}), False, now=0.6)  # 400 ms to the end of [0, 1000): room for a batch
+    pacing.ran(batch(10, {0: 600}), busy_s=0.1, now=0.6)
+    pacing.ran(batch(0, {0: 650}), busy_s=0.001, now=0.65)  # a watermark-only batch says nothing of Spark's cost
+    assert not pacing.due(batch(10, {0: 700}), False, now=0.7)
+    assert not pacing.due(batch(10, {0: 950}), False, now=1.3)  # 50 ms before it: the end fires them soon
+    assert pacing.due(batch(10, {0: 1000}), False, now=1.35)

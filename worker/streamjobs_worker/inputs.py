@@ -73,7 +73,6 @@ class InputBatch:
         self.full = later.full
         self.bad.extend(later.bad)
         self.watermark = later.watermark
-        self.waited_s += later.waited_s
 
 
 class Input(Protocol):
@@ -162,22 +161,42 @@ class StreamInput:
                     self._streams[name].marker = marker
 
     def read(self, count: int, block_ms: int) -> InputBatch:
-        """Up to `count` entries per stream; blocks until an entry arrives on any of them or block_ms pass."""
+        """Up to `count` entries per stream; blocks until an entry arrives on any of them or block_ms pass.
+
+        The blocking wait is idle time (`waited_s`). Redis answers a blocked XREAD with the stream that
+        woke it only (before 7.2): the other streams are read at once after it, or a producer's commit to
+        all of them would be seen in parts, and windows would fire key group by key group, a batch apart.
+        """
         batch = InputBatch()
         cursors = {name: s.cursor for name, s in self._streams.items() if s.marker is None}
-        if cursors:
-            with phases.phase("read"):
-                reply = self._r.xread(cursors, count=count, block=block_ms or None)
-            with phases.phase("decode"):
-                for name, entries in reply:
-                    stream = self._streams[name.decode() if isinstance(name, bytes) else name]
-                    batch.full |= len(entries) >= count
-                    self._take(stream, entries, batch)
-        elif block_ms:
-            time.sleep(block_ms / 1000)  # owns nothing (yet), or waits for its release: no busy loop
+        started = time.monotonic()
+        if not cursors:
+            if block_ms:
+                time.sleep(block_ms / 1000)  # owns nothing (yet), or waits for its release: no busy loop
+                batch.waited_s = time.monotonic() - started
+        else:
+            answered = self._read_once(cursors, count, block_ms, batch)
+            # A full reply found its entries waiting (a backlog): it did not block.
+            batch.waited_s = 0.0 if batch.full else time.monotonic() - started
+            rest = {name: cursor for name, cursor in cursors.items() if name not in answered}
+            if answered and rest and block_ms:
+                self._read_once(rest, count, 0, batch)
         batch.watermarks = self.key_group_watermarks()
         batch.watermark = self.watermark
         return batch
+
+    def _read_once(self, cursors: dict[str, bytes], count: int, block_ms: int, batch: InputBatch) -> set[str]:
+        """Add one XREAD's entries to the batch; the streams it returned entries of."""
+        with phases.phase("read"):
+            reply = self._r.xread(cursors, count=count, block=block_ms or None)
+        answered = set()
+        with phases.phase("decode"):
+            for name, entries in reply:
+                name = name.decode() if isinstance(name, bytes) else name
+                answered.add(name)
+                batch.full |= len(entries) >= count
+                self._take(self._streams[name], entries, batch)
+        return answered
 
     def _take(self, stream: _Stream, entries, batch: InputBatch) -> None:
         for entry_id, fields in entries:
@@ -238,13 +257,12 @@ class StreamInput:
 
 
 def _rle(values: np.ndarray) -> list[tuple[int, int, int]]:
-    out: list[tuple[int, int, int]] = []
-    start = 0
-    for i in range(1, len(values) + 1):
-        if i == len(values) or values[i] != values[start]:
-            out.append((start, i - 1, int(values[start])))
-            start = i
-    return out
+    """Runs of equal values as (first index, last index, value)."""
+    if not len(values):
+        return []
+    starts = np.concatenate(([0], np.flatnonzero(np.diff(values)) + 1))
+    ends = np.concatenate((starts[1:], [len(values)])) - 1
+    return list(zip(starts.tolist(), ends.tolist(), values[starts].tolist()))
 
 
 def _marker(fields: dict[bytes, bytes]) -> int | None:

@@ -11,7 +11,9 @@ the next batch is larger and Spark's fixed cost is shared) when it would not:
   entries to dead-letter and the end of the input run at once;
 - a window stage runs when its watermark passes a window's end (plus allowed
   lateness) in any owned key group: records of windows not yet due produce
-  nothing sooner for being aggregated sooner. They wait at most minIntervalMs;
+  nothing sooner for being aggregated sooner. After minIntervalMs they run
+  anyway (so that long windows do not hold a backlog), unless the next window
+  end is close: a batch started then would hold up the one that fires it;
 - any other chain (stateless or stateful stages, sinks) runs when records
   arrive or its watermark moved, but starts no sooner after the last batch than
   that batch took (capped by minIntervalMs): at light load at most half of its
@@ -40,8 +42,11 @@ class Pacing:
         self._lateness = getattr(head_spec, "allowed_lateness_ms", 0)
         self._ran_watermarks: dict[int, int] = {}  # per key group, the watermark the last batch ran with
         self._ran_watermark = MIN_WATERMARK
-        self._last_end = float("-inf")
-        self._last_busy_s = 0.0
+        self._last_end = float("-inf")  # of any batch: watermark-only ones included
+        # The last batch with records (a Spark job where the chain runs one): its end and duration.
+        self._work_end = float("-inf")
+        self._work_s = 0.0
+        self._last_s = 0.0
         self._first_pending_at: float | None = None
 
     def due(self, batch: InputBatch, releasing: bool, now: float) -> bool:
@@ -50,14 +55,16 @@ class Pacing:
         if batch.records and self._first_pending_at is None:
             self._first_pending_at = now
         if self._step is not None:
-            return (
-                self._window_due(batch.watermarks)
-                or (batch.records > 0 and now - self._first_pending_at >= self._min_interval_s)
-                or (batch.watermark > self._ran_watermark and now - self._last_end >= self._min_interval_s)
-            )
-        if not batch.records and batch.watermark <= self._ran_watermark:
-            return False  # nothing new to process or to tell downstream
-        return now - self._last_end >= self._pace_s
+            if self._window_due(batch.watermarks):
+                return True
+            if batch.records:
+                waited = now - self._first_pending_at >= self._min_interval_s
+                return waited and self._to_next_end_ms(batch.watermark) > 2000 * self._work_s
+            # Nothing to aggregate: the watermark alone goes downstream (no Spark job), at least this often.
+            return batch.watermark > self._ran_watermark and now - self._last_end >= self._min_interval_s
+        if not batch.records:
+            return batch.watermark > self._ran_watermark  # tell downstream: no Spark job, no fixed cost
+        return now - self._work_end >= self._pace_s
 
     def wait_ms(self, pending: InputBatch | None, now: float) -> int:
         """How long the next read may block: until the pending batch would be due by time, at most maxWaitMs."""
@@ -66,7 +73,7 @@ class Pacing:
             if self._step is not None:
                 wait = min(wait, self._first_pending_at + self._min_interval_s - now)
             else:
-                wait = min(wait, self._last_end + self._pace_s - now)
+                wait = min(wait, self._work_end + self._pace_s - now)
         return max(1, round(wait * 1000))
 
     def source_wait_ms(self, behind: bool, now: float) -> int:
@@ -75,21 +82,28 @@ class Pacing:
         if behind:
             return 0
         since = now - self._last_end
-        wait = SOURCE_TICK_S - self._last_busy_s - since
+        wait = SOURCE_TICK_S - self._last_s - since
         if self._runs_spark:
-            wait = max(wait, self._pace_s - since)
+            wait = max(wait, self._pace_s - (now - self._work_end))
         return round(max(0.0, wait) * 1000)
 
     def ran(self, batch: InputBatch, busy_s: float, now: float) -> None:
         self._ran_watermarks = dict(batch.watermarks)
         self._ran_watermark = batch.watermark
         self._last_end = now
-        self._last_busy_s = busy_s
-        self._first_pending_at = None
+        self._last_s = busy_s
+        if batch.records:
+            self._work_end = now
+            self._work_s = busy_s
+            self._first_pending_at = None
 
     @property
     def _pace_s(self) -> float:
-        return min(self._min_interval_s, self._last_busy_s)
+        return min(self._min_interval_s, self._work_s)
+
+    def _to_next_end_ms(self, watermark: int) -> int:
+        """Event time until the watermark passes the next window end (plus lateness): about as much wall time."""
+        return self._step - (watermark - self._lateness) % self._step
 
     def _window_due(self, watermarks: dict[int, int]) -> bool:
         """Whether a key group's watermark passed a window end (+ lateness) since the last batch ran."""

@@ -11,6 +11,7 @@ goes to Spark, over whole columns, never a Python loop per key.
 from __future__ import annotations
 
 import importlib
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -43,8 +44,14 @@ class _SparkStage:
         self._schemas: dict[str, pa.Schema] = {}
         self.late_records = 0  # records dropped as late since the worker last read this
 
+    def _views(self) -> set[str]:
+        """The views the stage's query reads: `input` (the union) and each input by its name. Registering
+        one costs a round trip and an analysis in the JVM: a stage registers only those it reads."""
+        return set()
+
     def _register_inputs(self, batch) -> Any:
-        """Register each input and their union (`input`) as views; return the union DataFrame."""
+        """Register the views the stage reads (each input, and their union as `input`); return the union."""
+        views = self._views()
         union = None
         for upstream in self.spec.inputs:
             table = batch.table(upstream)
@@ -57,12 +64,14 @@ class _SparkStage:
             with phases.phase("to_jvm"):
                 # One chunk, one partition: Spark would otherwise make a partition per tiny entry, and an
                 # aggregation over a single partition needs no exchange.
-                df = self.spark.createDataFrame(table.combine_chunks()).coalesce(1)
+                df = spark.bridge(self.spark).frame(table).coalesce(1)
             if self.spec.where:
                 df = df.filter(self.spec.where)
-            df.createOrReplaceTempView(view_name(upstream))
+            if view_name(upstream) in views:
+                df.createOrReplaceTempView(view_name(upstream))
             union = df if union is None else union.unionByName(df, allowMissingColumns=True)
-        union.createOrReplaceTempView("input")
+        if "input" in views:
+            union.createOrReplaceTempView("input")
         return union
 
     def restore(self, watermarks: dict[int, int] | None = None) -> None:
@@ -76,6 +85,10 @@ class _SparkStage:
 
 
 class SqlStage(_SparkStage):
+    def _views(self) -> set[str]:
+        names = {"input", *(view_name(u) for u in self.spec.inputs)}
+        return {name for name in names if re.search(rf"\b{re.escape(name)}\b", self.spec.query, re.IGNORECASE)}
+
     def process(self, batch, watermark: int) -> tuple[pa.Table | None, int]:
         if not batch.records:
             return None, watermark
@@ -171,6 +184,9 @@ class WindowAggregate(_SparkStage):
         self._merges = list(zip(self._partials, (m for a in spec.aggregations for m in _MERGES[a.function])))
         self._steps = spec.window.size_ms // spec.window.step_ms  # windows per record
         self._watermarks: dict[int, int] = {}
+
+    def _views(self) -> set[str]:
+        return {"input"}  # partial_sql's
 
     def restore(self, watermarks: dict[int, int] | None = None) -> None:
         for kg in self.store.key_groups:
@@ -418,7 +434,7 @@ def collect(df) -> pa.Table:
         with phases.phase("plan"):
             df._jdf.queryExecution().executedPlan()
     with phases.phase("execute"):
-        return df.toArrow()
+        return spark.bridge(df.sparkSession).table(df)
 
 
 def _nullable(schema):

@@ -136,11 +136,11 @@ class Worker:
             self.metrics.backpressured_seconds.inc(_BACKPRESSURE_PAUSE_S)
             return
         started = time.monotonic()
-        batch = self._read()
+        batch, waited = self._read()
         read_s = time.monotonic() - started
         if batch.records or batch.bad:
-            self._pending_busy_s += read_s - batch.waited_s
-            self.metrics.idle_seconds.inc(batch.waited_s)
+            self._pending_busy_s += max(0.0, read_s - waited)
+            self.metrics.idle_seconds.inc(waited)
         else:
             self.metrics.idle_seconds.inc(read_s)
         releases = self._handovers()
@@ -176,17 +176,21 @@ class Worker:
         self._adapt(batch, busy)
         self._report_lag()
 
-    def _read(self) -> InputBatch:
-        """The input read so far: what was pending, and what arrived since (waiting at most until it is due)."""
+    def _read(self) -> tuple[InputBatch, float]:
+        """The input read so far: what was pending, and what arrived since (waiting at most until it is due);
+        and how long this read waited."""
         if self.is_source:
-            return self.input.read(self._source_budget, self.pacing.source_wait_ms(self.input.behind, time.monotonic()))
+            batch = self.input.read(self._source_budget,
+                                    self.pacing.source_wait_ms(self.input.behind, time.monotonic()))
+            return batch, batch.waited_s
         block_ms = self.pacing.wait_ms(self._pending, time.monotonic())
-        batch = self.input.read(self._entries_per_stream, block_ms)
+        read = self.input.read(self._entries_per_stream, block_ms)
+        batch = read
         if self._pending is not None:
-            self._pending.absorb(batch)
+            self._pending.absorb(read)
             batch = self._pending
         self._pending = batch
-        return batch
+        return batch, read.waited_s
 
     def _end_of_input(self, watermark: int, txn: Transaction) -> None:
         """A chained sink that saw the end-of-stream watermark says so (the runtime waits for every one)."""
