@@ -85,3 +85,11 @@ def test_a_window_stage_holds_waiting_records_back_when_a_window_end_is_close():
     assert not pacing.due(batch(10, {0: 700}), False, now=0.7)
     assert not pacing.due(batch(10, {0: 950}), False, now=1.3)  # 50 ms before it: the end fires them soon
     assert pacing.due(batch(10, {0: 1000}), False, now=1.35)
+
+
+def test_records_held_back_for_a_window_end_run_when_the_input_goes_idle():
+    pacing = Pacing(BATCHING, WINDOW, is_source=False)
+    pacing.ran(batch(10, {0: 500}), busy_s=0.2, now=0.0)
+    assert not pacing.due(batch(10, {0: 980}), False, now=0.1)
+    assert not pacing.due(batch(10, {0: 980}), False, now=0.8)  # 20 ms of event time to go: wait for it
+    assert pacing.due(batch(10, {0: 980}), False, now=1.0)  # it did not come: run them

@@ -13,7 +13,8 @@ the next batch is larger and Spark's fixed cost is shared) when it would not:
   lateness) in any owned key group: records of windows not yet due produce
   nothing sooner for being aggregated sooner. After minIntervalMs they run
   anyway (so that long windows do not hold a backlog), unless the next window
-  end is close: a batch started then would hold up the one that fires it;
+  end is close: a batch started then would hold up the one that fires it (if
+  that end does not come within two batch durations more, they run too);
 - any other chain (stateless or stateful stages, sinks) runs when records
   arrive or its watermark moved, but starts no sooner after the last batch than
   that batch took (capped by minIntervalMs): at light load at most half of its
@@ -58,8 +59,10 @@ class Pacing:
             if self._window_due(batch.watermarks):
                 return True
             if batch.records:
-                waited = now - self._first_pending_at >= self._min_interval_s
-                return waited and self._to_next_end_ms(batch.watermark) > 2000 * self._work_s
+                waited = now - self._first_pending_at
+                if waited >= self._min_interval_s + 2 * self._work_s:
+                    return True  # the window end did not come (the input went idle): run them all the same
+                return waited >= self._min_interval_s and self._to_next_end_ms(batch.watermark) > 2000 * self._work_s
             # Nothing to aggregate: the watermark alone goes downstream (no Spark job), at least this often.
             return batch.watermark > self._ran_watermark and now - self._last_end >= self._min_interval_s
         if not batch.records:
