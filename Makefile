@@ -4,9 +4,9 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test test-unit lint clean kind-e2e
+.PHONY: setup jvm-archive demo test test-unit lint clean kind-e2e
 
-setup: $(VENV)/.installed .redis-server .prometheus
+setup: $(VENV)/.installed .redis-server .prometheus jvm-archive
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,11 @@ $(VENV)/.installed: pyproject.toml
 	@command -v prometheus >/dev/null 2>&1 \
 	  || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null)
 	@touch $@
+
+# The class archive every worker JVM maps to start sooner (worker/streamjobs_worker/jvm_archive.py):
+# built once per installation (~25 s), a no-op when it is there.
+jvm-archive: $(VENV)/.installed
+	$(BIN)/python -m streamjobs_worker.jvm_archive
 
 demo: setup
 	$(BIN)/streamjobs run examples/autoscaling.yaml --duration 150 --report reports/demo.json

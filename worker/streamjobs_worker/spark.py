@@ -18,12 +18,17 @@ import tempfile
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 
+from . import jvm_archive
+
 
 @functools.cache
-def session(master: str | None = None, memory: str | None = None) -> SparkSession:
+def session(master: str | None = None, memory: str | None = None, java_options: str | None = None) -> SparkSession:
+    """The process's session; `java_options` default to mapping the installation's class archive (jvm_archive.py)."""
     # Python UDFs run in Python workers Spark starts: with this interpreter (its packages, pyarrow
     # included), not whatever `python3` is first on the PATH.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    if java_options is None:
+        java_options = jvm_archive.java_options()
     # Small local sessions: many workers share few cores, and batches are small
     # enough that one shuffle partition beats Spark's default of 200.
     spark = (
@@ -38,7 +43,7 @@ def session(master: str | None = None, memory: str | None = None) -> SparkSessio
         .config("spark.sql.execution.arrow.maxRecordsPerBatch", "1000000")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.driver.memory", memory or os.environ.get("STREAMJOBS_SPARK_MEMORY", "1g"))
-        .config("spark.driver.extraJavaOptions", "-XX:+UseSerialGC")
+        .config("spark.driver.extraJavaOptions", f"-XX:+UseSerialGC {java_options or ''}".strip())
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
