@@ -29,10 +29,6 @@ class Chain:
     def tail(self) -> str:
         return self.operators[-1]
 
-    @property
-    def followers(self) -> tuple[str, ...]:
-        return self.operators[1:]
-
 
 def forward(spec: Any, upstream: str, downstream: str) -> bool:
     """Whether `downstream` may run in the same worker as `upstream`, right after it."""

@@ -63,10 +63,6 @@ class OperatorChain:
     def sinks(self) -> list[str]:
         return [m.op for m in self.members if m.sink is not None]
 
-    @property
-    def head_stage(self) -> Any:
-        return self.members[0].stage
-
     def process(self, batch: InputBatch, txn: Transaction) -> tuple[pa.Table | None, int]:
         """Run the batch through every member; the tail's output and watermark."""
         keys = self._plan.keys

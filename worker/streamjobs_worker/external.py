@@ -142,9 +142,10 @@ class Decoder:
                 bad: dict[int, str], record) -> Decoded:
         """Event time, the table of the good rows and the bad rows' records. Indices in `bad` are rows."""
         n = len(ms)
+        ingest = pa.array(ms, pa.int64())
         time_field = self._spec.event_time_field
         if time_field is None:
-            event_time = pa.array(ms, pa.int64())
+            event_time = ingest
         else:
             times: dict[int, str] = {}
             column = columns.get(time_field)
@@ -157,7 +158,7 @@ class Decoder:
                 bad.setdefault(i, f"bad event time field: {error}")
         good = np.ones(n, dtype=bool)
         good[list(bad)] = False
-        table = pa.table({**columns, "event_time": event_time, "_ingest_ms": pa.array(ms, pa.int64())})
+        table = pa.table({**columns, "event_time": event_time, "_ingest_ms": ingest})
         if not good.all():
             table = table.filter(pa.array(good))
         bad_rows = [(i, error, record(i)) for i, error in sorted(bad.items())]

@@ -182,7 +182,8 @@ class StreamInput:
             if answered and rest and block_ms:
                 self._read_once(rest, count, 0, batch)
         batch.watermarks = self.key_group_watermarks()
-        batch.watermark = self.watermark
+        # The instance's: one that owns nothing (yet) speaks for nothing.
+        batch.watermark = min(batch.watermarks.values(), default=MIN_WATERMARK)
         return batch
 
     def _read_once(self, cursors: dict[str, bytes], count: int, block_ms: int, batch: InputBatch) -> set[str]:
@@ -220,13 +221,6 @@ class StreamInput:
                 batch.tables.setdefault(stream.edge.upstream, []).append(entry.table)
                 batch.records += entry.table.num_rows
                 stream.read_records += entry.table.num_rows
-
-    @property
-    def watermark(self) -> int:
-        """The input watermark of the whole instance; one that owns nothing (yet) speaks for nothing."""
-        if not self._streams:
-            return MIN_WATERMARK
-        return int(min(s.upstream_watermarks.min() for s in self._streams.values()))
 
     def key_group_watermarks(self) -> dict[int, int]:
         out: dict[int, int] = {}

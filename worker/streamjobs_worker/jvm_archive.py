@@ -76,16 +76,16 @@ def _dump(partial: str) -> None:
     import pyarrow as pa
     from pyspark import SparkContext
 
-    from .spark import ArrowBridge, session
+    from .spark import bridge, session
 
     spark = session(java_options=f"-XX:ArchiveClassesAtExit={partial} -Xlog:cds=off,cds+dynamic=off")
-    bridge = ArrowBridge(spark)
+    arrow = bridge(spark)
     table = pa.table({"k": ["a", "b", "a"], "v": [1.5, 2.0, 3.0], "t": [1000, 2000, 3000]})
-    bridge.frame(table).createOrReplaceTempView("input")
+    arrow.frame(table).createOrReplaceTempView("input")
     for query in ("SELECT k, window(timestamp_millis(t), '1 second') AS w, count(*) AS n, sum(v) AS s "
                   "FROM input GROUP BY k, window(timestamp_millis(t), '1 second')",
                   "SELECT k, CAST(v AS STRING) AS v, to_json(struct(k, v)) AS j FROM input WHERE v > 1"):
-        bridge.table(spark.sql(query))
+        arrow.table(spark.sql(query))
     spark.stop()
     # The archive is written as the JVM exits: it exits when its stdin closes; wait for it.
     gateway = SparkContext._gateway

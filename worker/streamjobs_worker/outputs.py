@@ -51,6 +51,7 @@ class OutputRouter:
     def _route(self, table: pa.Table | None, watermark: int, txn: Transaction) -> int:
         written = 0
         keys = self._plan.keys
+        heartbeat = None
         for edge in self._edges:
             touched: set[int] = set()
             if table is not None and table.num_rows:
@@ -64,7 +65,8 @@ class OutputRouter:
             for kg in range(self._key_groups):
                 key = keys.kg_stream(self._op, edge.downstream, kg)
                 if kg not in touched and self._told.get(key, MIN_WATERMARK) < watermark:
-                    txn.xadd(key, encode(None, watermark, self._runs))
+                    heartbeat = heartbeat or encode(None, watermark, self._runs)  # the same entry for each
+                    txn.xadd(key, heartbeat)
                     self._told[key] = watermark
         return written
 

@@ -84,8 +84,8 @@ def process(stage, batch: InputBatch, watermark: int) -> tuple[pa.Table | None, 
         output, out_watermark = stage.process(batch, watermark)
         return output, out_watermark, []
     memory = _memories.setdefault(stage, _Memory())
-    records = _Records(batch)
-    flagged = probes.find(stage, list(memory.idle), records.parts(records.all)) if memory.idle else {}
+    records = _Records(batch) if memory.idle else None  # numbered only when a probe or isolation needs them
+    flagged = probes.find(stage, list(memory.idle), records.parts(records.all)) if records is not None else {}
     memory.seen(flagged)
     first = None
     if not flagged:
@@ -98,7 +98,7 @@ def process(stage, batch: InputBatch, watermark: int) -> tuple[pa.Table | None, 
             if _unplannable(stage, exc):
                 raise BatchFailed(f"the stage cannot plan the batch, whatever its records: {describe(exc)}") from exc
             first = exc
-    isolation = _Isolation(stage, records, memory)
+    isolation = _Isolation(stage, records if records is not None else _Records(batch), memory)
     isolation.run(flagged, first)
     if len(isolation.rejected) == batch.records and batch.records > 1:
         reason = describe(first) if first is not None else isolation.rejected[0].error

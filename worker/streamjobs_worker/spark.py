@@ -53,9 +53,10 @@ def session(master: str | None = None, memory: str | None = None, java_options: 
 
 def _warm_up(spark: SparkSession) -> None:
     # The first Arrow round trip and aggregation take seconds (class loading,
-    # JIT); pay that before the worker reports ready, not on the first batch.
-    table = pa.table({"k": ["a", "b", "a"], "v": [1, 2, 3]})
-    spark.createDataFrame(table).groupBy("k").sum("v").toArrow()
+    # JIT); pay that before the worker reports ready, not on the first batch,
+    # on the path batches take.
+    arrow = bridge(spark)
+    arrow.table(arrow.frame(pa.table({"k": ["a", "b", "a"], "v": [1, 2, 3]})).groupBy("k").sum("v"))
 
 
 class ArrowBridge:

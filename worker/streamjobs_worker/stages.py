@@ -43,6 +43,7 @@ class _SparkStage:
         self.spark = spark.session()
         self._schemas: dict[str, pa.Schema] = {}
         self.late_records = 0  # records dropped as late since the worker last read this
+        self._read_views = self._views()
 
     def _views(self) -> set[str]:
         """The views the stage's query reads: `input` (the union) and each input by its name. Registering
@@ -51,7 +52,7 @@ class _SparkStage:
 
     def _register_inputs(self, batch) -> Any:
         """Register the views the stage reads (each input, and their union as `input`); return the union."""
-        views = self._views()
+        views = self._read_views
         union = None
         for upstream in self.spec.inputs:
             table = batch.table(upstream)
