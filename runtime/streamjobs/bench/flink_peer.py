@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..live import percentiles
 from .flink import sql
 from .flink.session import FlinkNotInstalled, FlinkSession, flink_lib, installed
 
@@ -71,7 +72,7 @@ def measure_throughput(records: int, vocabulary: int = 1000, cores: int = 1) -> 
     }
 
 
-def measure_latency(rate: float, duration_s: float, shape=None, parallelism: int = 1, cores: int = 2) -> dict:
+def measure_latency(rate: float, duration_s: float, shape, parallelism: int = 1, cores: int = 2) -> dict:
     """NEXMark Q5 (sql.q5_job) at `rate` events/s for `duration_s` s; latency of each result row.
 
     A result's latency is the wall time its row reached the sink minus its window
@@ -80,12 +81,11 @@ def measure_latency(rate: float, duration_s: float, shape=None, parallelism: int
     our runs, only results whose window ends in the second half of the run (from
     RUNNING on) count: the first pays deployment and JIT warm-up. Q5 gives one
     result per slide (1 s), hence few samples: `flink_samples` says how many.
-    `shape` is sss_peer.Q5Shape; by default the one latency.py reads from our job.
+    `shape` is sss_peer.Q5Shape, the one latency.py reads from our job.
     """
     flink_lib()
     if duration_s <= 0:
         raise ValueError(f"duration_s must be > 0, got {duration_s}")
-    shape = shape or _our_q5_shape(rate)
     events = math.ceil(rate * (duration_s + _START_TIMEOUT_S + 60))  # more than the run takes: it is cancelled
     job = sql.q5_job(shape, rate, t0_s=int(time.time()) - 60, rows=events)  # from t0 on, auction ids are taken
     with FlinkSession(cores) as flink:
@@ -95,10 +95,10 @@ def measure_latency(rate: float, duration_s: float, shape=None, parallelism: int
         flink.result(client.cancel(), 60)
         rows = sql.print_rows(flink.lines())
     latencies = np.asarray(sql.q5_latencies_ms(rows, round((running + duration_s / 2) * 1000)), dtype=np.float64)
-    p50, p99 = np.percentile(latencies, [50, 99]) if len(latencies) else (None, None)
+    spread = percentiles(latencies)
     return {
-        "flink_p50_ms": None if p50 is None else float(p50),
-        "flink_p99_ms": None if p99 is None else float(p99),
+        "flink_p50_ms": spread["p50_ms"],
+        "flink_p99_ms": spread["p99_ms"],
         "flink_samples": len(latencies),
         "flink_results": len(rows),
         "flink_parallelism": parallelism,
@@ -163,12 +163,6 @@ def measure_restart(state_mb: float, from_parallelism: int, to_parallelism: int,
         "flink_to_parallelism": to_parallelism,
         "flink_cores": cores,
     }
-
-
-def _our_q5_shape(rate: float):
-    from .latency import q5_job, q5_shape
-
-    return q5_shape(q5_job(rate))
 
 
 def _canonical(flink: FlinkSession):

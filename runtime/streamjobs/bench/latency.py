@@ -25,10 +25,11 @@ from streamjobs_core.spec import StreamJob
 
 from ..live import percentiles
 from . import sss_peer
+from .flink.session import INSTALL_HINT
 
 LIGHT_LOAD_RECORDS_PER_S = 2000
 CORES = 2  # the machine's: our job's processes share them; the peer gets local[2]
-FLINK_MISSING = "not installed (pip install 'streamjobs[bench]')"
+FLINK_MISSING = f"not installed ({INSTALL_HINT})"
 FIRST_STAGE = "bids-per-auction"
 
 
@@ -151,6 +152,6 @@ def run(quick: bool) -> dict:
     if flink is None:
         result["flink"] = FLINK_MISSING
     else:
-        result.update(flink.measure_latency(LIGHT_LOAD_RECORDS_PER_S, duration_s))
-        result["at_half_saturation"].update(flink.measure_latency(half, duration_s))
+        result.update(flink.measure_latency(LIGHT_LOAD_RECORDS_PER_S, duration_s, shape))
+        result["at_half_saturation"].update(flink.measure_latency(half, duration_s, shape))
     return result
