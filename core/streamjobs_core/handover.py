@@ -18,13 +18,24 @@ group's unread records go to the new owner with its offsets and state.
 Who owns a key group is the assignment in force unless `owners` names a newer
 owner; a worker that restarts mid-rescale computes the same. The final switch
 writes the new assignment and drops `owners` in one transaction.
+
+With short windows the controller starts each step just after the step's key
+groups fired a window (Megaphone schedules migrations at timestamp
+boundaries): a key group is in transit (released, not yet taken over) for
+about two batches, and a window end inside that transit delays its results by
+as much; started right after one, the transit ends before the next.
 """
 
 from __future__ import annotations
 
+import msgpack
+
 from .codec import encode_marker
 from .keygroups import Assignment, Move
 from .plan import JobPlan, key_group_lag, parse_assignment, write_assignment
+
+# Aligning costs a step up to one window; with longer windows a transit rarely meets a window end anyway.
+ALIGN_WINDOWS_UP_TO_MS = 5000
 
 
 def owners(r, plan: JobPlan, op: str) -> list[int]:
@@ -55,6 +66,32 @@ def steps(moves: list[Move], size: int) -> list[list[Move]]:
     """The moves in steps of `size` key groups (fluid: 1), in key-group order."""
     ordered = sorted(moves, key=lambda m: m.key_group)
     return [ordered[i : i + size] for i in range(0, len(ordered), size)]
+
+
+def window_steps(plan: JobPlan, op: str) -> tuple[int, int] | None:
+    """(window step, allowed lateness) in ms of the first windowed stage of `op`'s chain, if its windows are
+    short enough to align the handover steps with (ALIGN_WINDOWS_UP_TO_MS)."""
+    if plan.spec.operator(op) in plan.spec.sources:
+        return None  # its partitions are released at a commit, not at markers among windowed records
+    for member in plan.chain(op).operators:
+        window = getattr(plan.spec.operator(member), "window", None)
+        if window is not None:
+            lateness = plan.spec.operator(member).allowed_lateness_ms
+            return (window.step_ms, lateness) if window.step_ms <= ALIGN_WINDOWS_UP_TO_MS else None
+    return None
+
+
+def committed_window(r, plan: JobPlan, op: str, step: list[Move], window: tuple[int, int]) -> int | None:
+    """The last window whose end (plus lateness) the committed watermark of every key group of the step has
+    passed, i.e. whose results are out; None before any commit."""
+    names = [plan.keys.kg_stream(e.upstream, op, m.key_group) for m in step for e in plan.edges_in(op)]
+    packed = r.hmget(plan.keys.watermarks(op), names)
+    if not names or any(p is None for p in packed):
+        return None
+    # Per stream: runs of (first upstream instance, last, watermark); a key group is as far as its slowest.
+    watermark = min(mark for p in packed for _, _, mark in msgpack.unpackb(p))
+    size, lateness = window
+    return (watermark - lateness) // size
 
 
 def start(r, plan: JobPlan, op: str, step: list[Move]) -> list[int]:

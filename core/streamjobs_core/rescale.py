@@ -219,6 +219,8 @@ class RescaleController:
                 size = 1 if state["strategy"] == "fluid" else self.plan.spec.rescale.batch_key_groups
                 moved = moves(old, new)
                 for step in handover.steps(moved, size):
+                    if not handover.completed(self.r, self.plan, op, step):
+                        self._after_window_end(op, step)
                     begun = self.clock()
                     if not handover.completed(self.r, self.plan, op, step):
                         at_commit = handover.start(self.r, self.plan, op, step)
@@ -236,6 +238,18 @@ class RescaleController:
         # Nothing stops: the longest wait of a moved key group is about its step's duration.
         record["pause_ms"] = max(step_ms, default=0.0)
         return record
+
+    def _after_window_end(self, op: str, step) -> None:
+        """Until the step's key groups committed the firing of their next window (at most two windows)."""
+        window = handover.window_steps(self.plan, op)
+        if window is None:
+            return
+        first = handover.committed_window(self.r, self.plan, op, step, window)
+        deadline = self.clock() + 2 * window[0] / 1000
+        while first is not None and self.clock() < deadline:
+            if handover.committed_window(self.r, self.plan, op, step, window) > first:
+                return
+            self.sleep(0.01)
 
     def _wait_step(self, op: str, step) -> None:
         deadline = self.clock() + self.standby_timeout_s

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+import msgpack
 import pyarrow as pa
 import pytest
 from streamjobs_core import handover
@@ -234,3 +235,39 @@ def test_a_backlogged_owner_releases_at_its_next_commit_and_the_backlog_moves_wi
     assert new.owned == (3,) and 0 < len(by_old) < 20
     assert written(r, plan) == list(range(1, 21))
     assert handover.completed(r, plan, "out", [Move(3, 0, 1)])
+
+
+class WatermarksMove(Instances):
+    """Instances whose committed watermark (every kg stream's) advances 100 ms per controller sleep; records
+    the committed watermark at which each step's markers were written."""
+
+    def __init__(self, r, plan) -> None:
+        super().__init__(r, plan)
+        self.watermark = 1550
+        self.marked_at: list[int] = []
+        self._marked = 0
+        self._commit()
+
+    def sleep(self, seconds: float) -> None:
+        marked = sum(markers(self.r, self.plan).values())
+        if marked > self._marked:
+            self.marked_at.append(self.watermark)
+            self._marked = marked
+        super().sleep(seconds)
+        self.watermark += 100
+        self._commit()
+
+    def _commit(self) -> None:
+        keys = self.plan.keys
+        self.r.hset(keys.watermarks("agg"), mapping={
+            keys.kg_stream("src", "agg", kg): msgpack.packb([(0, 0, self.watermark)]) for kg in range(12)})
+
+
+def test_with_short_windows_each_step_starts_right_after_its_key_groups_fired_a_window(r, plan):
+    fleet = WatermarksMove(r, plan)
+    record = RescaleController(r, plan, fleet, sleep=fleet.sleep).rescale("agg", 3, "fluid")
+    assert record["steps"] == 6
+    # 1 s windows: every step's markers went in within 100 ms (one commit) after a window end was committed,
+    # one step per window.
+    assert [mark // 1000 for mark in fleet.marked_at] == [2, 3, 4, 5, 6, 7]
+    assert all(mark % 1000 < 100 for mark in fleet.marked_at), fleet.marked_at
