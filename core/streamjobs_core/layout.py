@@ -72,6 +72,18 @@ class JobKeys:
         """Per standby instance: changelog entries it applied in its last catch-up round."""
         return f"{self.prefix}:standby-lag:{op}"
 
+    def spares(self, op: str) -> str:
+        """Per warm spare of the chain headed by `op`: "ready" once its Spark is up and its chain rehearsed."""
+        return f"{self.prefix}:spares:{op}"
+
+    def promotion(self, op: str, spare: str) -> str:
+        """A list the spare blocks on: the one entry pushed to it says which instance it becomes."""
+        return f"{self.prefix}:promote:{op}:{spare}"
+
+    def demotion(self, op: str, instance: int) -> str:
+        """The spare name instance `instance` takes when a scale-in demotes it."""
+        return f"{self.prefix}:demote:{op}:{instance}"
+
     def owners(self, op: str) -> str:
         """Per key group moved by a fluid or batched rescale in progress: its owner instance now (written in
         the old owner's releasing commit; the assignment in force says who owns the others)."""

@@ -11,6 +11,8 @@ from .keygroups import Assignment
 from .layout import JobKeys
 from .spec import StreamJob
 
+SPARK_OPERATOR_TYPES = ("sql", "pyspark", "window_aggregate", "stateful", "parquet")
+
 
 @dataclass(frozen=True)
 class Edge:
@@ -54,6 +56,10 @@ class JobPlan:
     def head(self, op: str) -> str:
         """The operator whose workers run `op`."""
         return self.chain(op).head
+
+    def runs_spark(self, op: str) -> bool:
+        """Whether the workers of `op`'s chain start a SparkSession (seconds of warm-up before their first batch)."""
+        return any(self.spec.operator(member).type in SPARK_OPERATOR_TYPES for member in self.chain(op).operators)
 
     def key_groups(self, op: str) -> int:
         """Units of ownership of an operator: source partitions for sources, else maxParallelism; a chained

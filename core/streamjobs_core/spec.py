@@ -508,6 +508,13 @@ class RescaleSettings(_Model):
         "waiting than this, the key group is released at that owner's next commit and its backlog moves with "
         "it, instead of at an in-band marker the owner would reach only after working through that backlog.",
     )
+    spare_instances: int = Field(
+        0, ge=0, le=16, description="Warm spares per chain that runs Spark: processes started with the job, "
+        "Spark up and the chain rehearsed, waiting. A scale-out, an all_at_once standby or the restart of a dead "
+        "instance promotes one instead of starting a JVM on cores the job is using (as Flink keeps redundant "
+        "task managers, slotmanager.redundant-taskmanager-num); a scale-in demotes the instances it removes back "
+        "into the pool. Each costs one idle JVM. The local runtime only so far; the operator ignores it.",
+    )
 
 
 class RedisSettings(_Model):

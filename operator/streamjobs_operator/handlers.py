@@ -61,6 +61,9 @@ def _run(body: kopf.Body, memo: kopf.Memo, step) -> str | None:
     ctx = _context(body, memo)
     if ctx is None:
         return None
+    if ctx.job.spec.rescale.spare_instances:
+        kopf.warn(body, reason="Ignored", message="spec.rescale.spareInstances: warm spares are kept by the local "
+                  "runtime only so far; on Kubernetes added instances start as new pods")
     try:
         phase = step(ctx)
     except NotReady as exc:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -20,12 +21,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from streamjobs_core import spares
 from streamjobs_core.connect import connect
 from streamjobs_core.plan import JobPlan, write_assignment
 from streamjobs_core.rescale import RescaleController
 from streamjobs_core.spec import StreamJob
 
 _PR_SET_PDEATHSIG = 1
+# A waiting spare warms up on the CPU the job leaves idle, not on its workers' share.
+SPARE_NICENESS = 19
 
 
 def _die_with_parent() -> None:
@@ -33,12 +37,33 @@ def _die_with_parent() -> None:
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+def _can_raise_priority() -> bool:
+    """Whether a process this runtime lowers in priority can be raised back (root, or RLIMIT_NICE allows it)."""
+    return os.geteuid() == 0 or resource.getrlimit(resource.RLIMIT_NICE)[0] >= 20
+
+
+def _as_spare() -> None:
+    _die_with_parent()
+    os.nice(SPARE_NICENESS)
+
+
+def _full_priority(pid: int) -> None:
+    # The process group: the spare, its JVM and every thread of both.
+    os.setpriority(os.PRIO_PGRP, pid, 0)
+
+
 @dataclass
 class _Instance:
     op: str
     index: int
     process: subprocess.Popen
-    extra_args: tuple[str, ...] = ()
+    epoch: int | None = None  # a standby waiting for this epoch
+
+
+@dataclass
+class _Spare:
+    name: str
+    process: subprocess.Popen
 
 
 @dataclass
@@ -50,6 +75,9 @@ class LocalRuntime:
     ready_timeout_s: float = 180.0
     instances: dict[tuple[str, int], _Instance] = field(default_factory=dict)
     standbys: dict[tuple[str, int], _Instance] = field(default_factory=dict)
+    spares: dict[str, list[_Spare]] = field(default_factory=dict)  # per chain, oldest (warmest) first
+    promoted: int = 0  # spares that became an instance or a standby
+    spare_serial: int = 0
     total_restarts: int = 0  # instances come and go with rescales; their restarts still count
     parallelism: dict[str, int] = field(default_factory=dict)
     plan: JobPlan | None = None
@@ -71,7 +99,8 @@ class LocalRuntime:
             write_assignment(self.r, self.keys, op, self.plan.initial_assignment(op))
         if prepare is not None:
             prepare(self.r, self.plan)
-        self._start_all(ready_timeout_s, before_sources=lambda: self._write_plan(int(time.time() * 1000)))
+        self._start_all(ready_timeout_s, before_sources=lambda: self._write_plan(int(time.time() * 1000)),
+                        with_spares=True)
 
     def _write_plan(self, t0_ms: int) -> None:
         self.plan = JobPlan(self.job, t0_ms)
@@ -92,17 +121,71 @@ class LocalRuntime:
             self.r.delete(*batch)
 
     def _spawn(self, op: str, index: int) -> None:
-        self.instances[(op, index)] = _Instance(op, index, self._popen(op, index))
+        self.instances[(op, index)] = _Instance(op, index, self._start_instance(op, index))
 
-    def _popen(self, op: str, index: int, *extra: str) -> subprocess.Popen:
-        with open(self.log_dir / f"{op}-{index}.log", "ab") as log:
+    def _start_instance(self, op: str, index: int, epoch: int | None = None) -> subprocess.Popen:
+        """Instance `index` of `op` (or its standby for `epoch`): a spare promoted, or a new process when there
+        is none."""
+        standby = () if epoch is None else ("--await-epoch", str(epoch))
+        return self._promote(op, spares.Promotion(index, epoch)) or self._popen(
+            f"{op}-{index}", op, "--instance", str(index), *standby)
+
+    def _popen(self, log_name: str, op: str, *args: str, spare: bool = False) -> subprocess.Popen:
+        with open(self.log_dir / f"{log_name}.log", "ab") as log:
             return subprocess.Popen(
                 [sys.executable, "-m", "streamjobs_worker", "--job", self.job.metadata.name, "--operator", op,
-                 "--instance", str(index), *extra],
+                 *args],
                 # In the environment, not the command line: a password in the URL stays out of `ps`.
                 env={**os.environ, "STREAMJOBS_REDIS_URL": self.redis_url},
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent,
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                preexec_fn=_as_spare if spare and _can_raise_priority() else _die_with_parent,
             )
+
+    # --- warm spares (spares.py) -------------------------------------------------
+
+    def _fill_spares(self) -> None:
+        """Start `rescale.spareInstances` spares for each chain that runs Spark, with its first workers (nothing
+        runs yet, so they warm up at full speed). While the job runs, only a scale-in refills the pool."""
+        wanted = self.job.spec.rescale.spare_instances
+        for op in self.plan.vertices:
+            pool = self.spares.setdefault(op, [])
+            while self.plan.runs_spark(op) and len(pool) < wanted:
+                pool.append(self._new_spare(op, idle_cpu=False))
+
+    def _new_spare(self, op: str, idle_cpu: bool) -> _Spare:
+        name = self._spare_name()
+        return _Spare(name, self._popen(f"{op}-spare-{name}", op, "--spare", name, spare=idle_cpu))
+
+    def _spare_name(self) -> str:
+        self.spare_serial += 1
+        return f"s{self.spare_serial}"
+
+    def _wait_spares(self, timeout_s: float) -> None:
+        """Wait until every spare has Spark up and its chain rehearsed."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            waiting = [f"{op}/{spare.name}" for op, pool in self.spares.items()
+                       for spare in pool if spare.name not in spares.ready_spares(self.r, self.keys, op)]
+            if not waiting:
+                return
+            self.supervise()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"spares not warm: {waiting}; see logs in {self.log_dir}")
+            time.sleep(0.2)
+
+    def _promote(self, op: str, promotion: spares.Promotion) -> subprocess.Popen | None:
+        """The oldest live spare of `op`, told what it becomes and back at full priority; None if none is left."""
+        pool = self.spares.get(op, [])
+        while pool:
+            spare = pool.pop(0)
+            if spare.process.poll() is not None:
+                continue
+            if _can_raise_priority():
+                _full_priority(spare.process.pid)
+            spares.promote(self.r, self.keys, op, spare.name, promotion)
+            self.promoted += 1
+            return spare.process
+        return None
 
     def wait_ready(self, instances: list[tuple[str, int]], timeout_s: float) -> None:
         """Wait until each instance registered its metrics endpoint (it does so once it can process)."""
@@ -132,9 +215,15 @@ class LocalRuntime:
         for (op, index), inst in list(self.standbys.items()):
             code = inst.process.poll()
             if code is not None and self.restart_workers:
-                self.standbys[(op, index)] = _Instance(op, index, self._popen(op, index, *inst.extra_args))
+                process = self._start_instance(op, index, inst.epoch)
+                self.standbys[(op, index)] = _Instance(op, index, process, inst.epoch)
                 self.total_restarts += 1
                 restarted.append(f"standby {op}/{index} (exit {code})")
+        for op, pool in self.spares.items():
+            for i, spare in enumerate(pool):
+                if spare.process.poll() is not None and self.restart_workers:
+                    # It held nothing: not a worker restart. Started on the CPU the job leaves idle.
+                    pool[i] = self._new_spare(op, idle_cpu=True)
         return restarted
 
     def kill(self, op: str, index: int, sig: int = signal.SIGKILL) -> None:
@@ -187,8 +276,7 @@ class LocalRuntime:
     def start_standbys(self, op: str, parallelism: int, epoch: int) -> None:
         for i in range(parallelism):
             if (op, i) not in self.standbys:
-                args = ("--await-epoch", str(epoch))
-                self.standbys[(op, i)] = _Instance(op, i, self._popen(op, i, *args), args)
+                self.standbys[(op, i)] = _Instance(op, i, self._start_instance(op, i, epoch), epoch)
 
     def stop_old(self, op: str, epoch: int) -> None:
         self._stop([k for k in self.instances if k[0] == op])
@@ -215,7 +303,20 @@ class LocalRuntime:
         self.wait_ready([(op, i) for i in range(parallelism)], self.ready_timeout_s)
 
     def remove_instances(self, op: str, parallelism: int) -> None:
-        self._stop([k for k in self.instances if k[0] == op and k[1] >= parallelism])
+        removed = sorted(k for k in self.instances if k[0] == op and k[1] >= parallelism)
+        room = self.job.spec.rescale.spare_instances - len(self.spares.get(op, ())) if self.plan.runs_spark(op) else 0
+        for key in removed[:max(0, room)]:
+            self._demote(*key)
+        self._stop(removed[max(0, room):])
+
+    def _demote(self, op: str, index: int) -> None:
+        """Instance `index` becomes a spare after its current batch, keeping its warm JVM (spares.py)."""
+        process = self.instances.pop((op, index)).process
+        self.r.hdel(self.keys.metrics_endpoints, f"{op}/{index}")
+        name = self._spare_name()
+        spares.demote(self.r, self.keys, op, index, name)
+        process.send_signal(signal.SIGUSR1)
+        self.spares.setdefault(op, []).append(_Spare(name, process))
 
     def stop_job(self) -> None:
         self._stop(list(self.instances))
@@ -224,7 +325,7 @@ class LocalRuntime:
         self.parallelism.update(parallelism)
         self._start_all(self.ready_timeout_s)
 
-    def _start_all(self, ready_timeout_s: float, before_sources=lambda: None) -> None:
+    def _start_all(self, ready_timeout_s: float, before_sources=lambda: None, with_spares: bool = False) -> None:
         # Generators start last, from a fresh t0, so the job does not begin with the warm-up as backlog;
         # external input is waiting in Redis already: its sources start with the rest.
         sources = {s.name for s in self.job.spec.sources if s.type != "redis_stream"}
@@ -235,7 +336,11 @@ class LocalRuntime:
                 before_sources()
             for op, i in group:
                 self._spawn(op, i)
+            if with_spares and group is first:  # nothing runs yet: spares warm at full speed, with the workers
+                self._fill_spares()
             self.wait_ready(group, ready_timeout_s)
+            if with_spares and group is first:
+                self._wait_spares(ready_timeout_s)
 
     def handle_requests(self) -> list[dict]:
         """Carry out rescales asked for by `streamjobs rescale` (through Redis)."""
@@ -265,3 +370,8 @@ class LocalRuntime:
     def shutdown(self, timeout_s: float = 15.0) -> None:
         self._stop(list(self.instances), timeout_s)
         self._kill_standbys(list(self.standbys))
+        for pool in self.spares.values():
+            for spare in pool:
+                spare.process.kill()
+                spare.process.wait()
+        self.spares.clear()

@@ -66,6 +66,7 @@ def run_job(
             "interrupted": interrupted,
             "drained": drained,
             "restarts": runtime.restarts(),
+            "spares_promoted": runtime.promoted,
             "operators": reporting.committed_counts(runtime.r, runtime.plan),
             "sinks": reporting.sink_counts(runtime.r, runtime.plan),
             "latency_ms": percentiles(latency_samples(runtime.r, runtime.keys)),

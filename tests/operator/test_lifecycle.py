@@ -35,7 +35,9 @@ def test_invalid_spec_names_the_field_in_status_and_event_and_touches_nothing(em
 
 
 def test_deploy_creates_owned_objects_and_the_plan_in_redis(emulator, kube, job, redis_client):
-    uid = job(wordcopy("deployed", sink_parallelism=2), kubectl=True)["metadata"]["uid"]
+    uid = job(wordcopy("deployed", sink_parallelism=2, rescale={"spareInstances": 1}), kubectl=True)["metadata"]["uid"]
+    ignored = eventually(lambda: [e for e in events(emulator, "deployed") if e["reason"] == "Ignored"], 30, "event")
+    assert ignored[0]["type"] == "Warning" and "spec.rescale.spareInstances" in ignored[0]["message"]
     assert "deployed" in run_kubectl(emulator, "get", "sj")
     assert run_kubectl(emulator, "get", "sj", "deployed", "-o", "jsonpath={.status.phase}") == "Running"
     statefulsets = {s["metadata"]["name"]: s for s in _owned(kube, "statefulsets", "deployed")}

@@ -1,4 +1,4 @@
-"""`python -m streamjobs_worker --redis-url URL --job NAME --operator OP --instance I`"""
+"""`python -m streamjobs_worker --redis-url URL --job NAME --operator OP (--instance I | --spare ID)`"""
 
 from __future__ import annotations
 
@@ -9,12 +9,24 @@ import signal
 import sys
 import threading
 
+from streamjobs_core import spares
 from streamjobs_core.connect import connect
 from streamjobs_core.layout import JobKeys
 from streamjobs_core.plan import JobPlan
 
+from .rehearsal import SPARE_REHEARSALS, warm_up
 from .standby import await_epoch
 from .worker import Worker
+
+
+def _signals() -> tuple[threading.Event, threading.Event]:
+    """(stop, demoted): SIGTERM and SIGINT stop; the fleet's SIGUSR1 (a scale-in) stops and demotes, so the
+    process finishes its batch, lets go of the instance and waits as a spare again."""
+    stop, demoted = threading.Event(), threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    signal.signal(signal.SIGUSR1, lambda *_: (demoted.set(), stop.set()))
+    return stop, demoted
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,22 +44,46 @@ def main(argv: list[str] | None = None) -> int:
         "--await-epoch", type=int, default=None,
         help="start as a standby: warm up Spark, then wait until the operator's assignment reaches this epoch",
     )
+    parser.add_argument(
+        "--spare", default=None, metavar="ID",
+        help="start as a warm spare: warm up Spark, then wait to be promoted to an instance (spares.py)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
     r = connect(args.redis_url)
     plan = JobPlan.from_json(r.get(JobKeys(args.job).plan))
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    prestaged = None
-    if args.await_epoch is not None:
-        proceed, prestaged = await_epoch(r, plan, args.operator, args.instance, args.await_epoch, stop)
-        if not proceed:
+    log = logging.getLogger(__name__)
+    spare, instance, epoch, warm = args.spare, args.instance, args.await_epoch, False
+    while True:
+        stop, demoted = _signals()
+        if spare is not None:
+            if not warm:
+                warm_up(r, plan, args.operator, SPARE_REHEARSALS)
+                warm = True
+            spares.ready(r, plan.keys, args.operator, spare)
+            promotion = spares.await_promotion(r, plan.keys, args.operator, spare, stop)
+            if promotion is None:
+                return 0
+            instance, epoch = promotion.instance, promotion.await_epoch
+            log.info("spare %s promoted to %s/%d%s", spare, args.operator, instance,
+                     "" if epoch is None else f" (standby of epoch {epoch})")
+        prestaged = None
+        if epoch is not None:
+            proceed, prestaged = await_epoch(r, plan, args.operator, instance, epoch, stop, warm)
+            if not proceed:
+                return 0
+            warm = True
+        worker = Worker(r, plan, args.operator, instance, args.metrics_host, args.metrics_port,
+                        args.advertise_host, prestaged, warm)
+        worker.run(stop)
+        if not demoted.is_set():
             return 0
-    Worker(r, plan, args.operator, args.instance, args.metrics_host, args.metrics_port, args.advertise_host,
-           prestaged).run(stop)
-    return 0
+        worker.close()
+        spare, epoch, warm = spares.demoted_as(r, plan.keys, args.operator, instance), None, True
+        if spare is None:
+            return 0
+        log.info("%s/%d demoted to spare %s", args.operator, instance, spare)
 
 
 if __name__ == "__main__":

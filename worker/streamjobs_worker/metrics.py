@@ -72,6 +72,7 @@ class WorkerMetrics:
                  families: _Families | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         self._families = families or _Families(self.registry)
+        self._server = None
         f = self._families
         labels = {"job": job, "operator": op, "instance": str(instance)}
         self.records_in = f.records_in.labels(**labels)
@@ -113,5 +114,10 @@ class WorkerMetrics:
         self._families.lag.remove(*self._labels.values(), upstream, str(kg))
 
     def serve(self, host: str = "127.0.0.1", port: int = 0) -> int:
-        server, _ = start_http_server(port, addr=host, registry=self.registry)
-        return server.server_port
+        self._server, _ = start_http_server(port, addr=host, registry=self.registry)
+        return self._server.server_port
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()

@@ -20,12 +20,11 @@ from dataclasses import dataclass
 import redis
 from streamjobs_core.plan import JobPlan, read_assignment
 
-from . import recovery, spark
-from .rehearsal import rehearse
+from . import recovery
+from .rehearsal import warm_up
 from .stages import state_layout
 from .state import KeyGroupStore, open_store
 
-SPARK_OPERATOR_TYPES = ("sql", "pyspark", "window_aggregate", "stateful", "parquet")
 STATEFUL_OPERATOR_TYPES = ("window_aggregate", "stateful")
 _CATCH_UP_EVERY_S = 0.25
 
@@ -45,13 +44,13 @@ def state_directory(plan: JobPlan, op: str, instance: int, epoch: int) -> str:
 
 
 def await_epoch(
-    r: redis.Redis, plan: JobPlan, op: str, instance: int, epoch: int, stop: threading.Event
+    r: redis.Redis, plan: JobPlan, op: str, instance: int, epoch: int, stop: threading.Event, warm: bool = False
 ) -> tuple[bool, Prestaged | None]:
-    """Warm up, then wait until `op`'s assignment reaches `epoch`: (whether to run, the prestaged state)."""
+    """Warm up (unless `warm` already: a promoted spare), then wait until `op`'s assignment reaches `epoch`:
+    (whether to run, the prestaged state)."""
     spec = plan.spec.operator(op)
-    if any(plan.spec.operator(member).type in SPARK_OPERATOR_TYPES for member in plan.chain(op).operators):
-        spark.session()
-        rehearse(r, plan, op)
+    if not warm:
+        warm_up(r, plan, op)
     keys = plan.keys
     prestaged = None
     upcoming = read_assignment(r, keys, op, upcoming=True)

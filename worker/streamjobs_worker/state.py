@@ -199,6 +199,7 @@ class Backend(Protocol):
     def put(self, kg: int, segment: int, rows: pa.Table | None) -> None: ...  # None (or no rows) removes
     def segments(self, kg: int) -> list[int]: ...  # ascending
     def drop(self, kg: int) -> None: ...
+    def close(self) -> None: ...
 
 
 class MemoryBackend:
@@ -219,6 +220,9 @@ class MemoryBackend:
 
     def drop(self, kg: int) -> None:
         self._data.pop(kg, None)
+
+    def close(self) -> None:
+        self._data.clear()
 
 
 def to_ipc(table: pa.Table, metadata: dict[bytes, bytes] | None = None) -> bytes:
@@ -241,6 +245,7 @@ class RocksDBBackend:
         from rocksdict import Options, Rdict
 
         shutil.rmtree(path, ignore_errors=True)  # the working copy is rebuilt from Redis
+        self._path = path
         self._db = Rdict(path, options=Options(raw_mode=True))
         self._segments: dict[int, list[int]] = {}  # per kg, ascending: spares a scan of RocksDB per batch
 
@@ -272,6 +277,10 @@ class RocksDBBackend:
         self._segments.pop(kg, None)
         self._db.delete_range(struct.pack(">I", kg), struct.pack(">I", kg + 1))
 
+    def close(self) -> None:
+        self._db.close()
+        shutil.rmtree(self._path, ignore_errors=True)
+
 
 # --- the store ---------------------------------------------------------------------------------
 
@@ -292,6 +301,10 @@ class KeyGroupStore:
     @property
     def key_groups(self) -> tuple[int, ...]:
         return self._key_groups
+
+    def close(self) -> None:
+        """Let go of the working copy (Redis holds the durable state)."""
+        self._backend.close()
 
     @property
     def layout(self) -> StateLayout | None:

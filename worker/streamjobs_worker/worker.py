@@ -56,6 +56,7 @@ class Worker:
     def __init__(
         self, r: redis.Redis, plan: JobPlan, op: str, instance: int, metrics_host: str = "127.0.0.1",
         metrics_port: int = 0, advertise_host: str | None = None, prestaged: Prestaged | None = None,
+        warm: bool = False,
     ) -> None:
         chain = plan.chain(op)
         if chain.head != op:
@@ -87,7 +88,7 @@ class Worker:
         self.checkpoint = Checkpoint(r, keys, op, instance, self.incarnation, self.store,
                                      plan.spec.state.snapshot_every_batches)
         self.pacing = Pacing(plan.spec.batching, self.spec, self.is_source, runs_spark=bool(self.chain.stages))
-        if self.chain.stages and prestaged is None:  # a standby rehearsed while it waited
+        if self.chain.stages and not warm:  # a standby or a spare rehearsed while it waited
             rehearse(r, plan, op)
         # Registering the endpoint tells the runtime this instance is ready (Spark is up).
         port = self.metrics.serve(host=metrics_host, port=metrics_port)
@@ -126,6 +127,11 @@ class Worker:
                  self.incarnation, ", state prestaged as a standby" if self.prestaged is not None else "")
         while not stop.is_set():
             self.step()
+
+    def close(self) -> None:
+        """After `run`: a demoted instance lives on as a spare, so what the instance held is let go."""
+        self.metrics.close()
+        self.store.close()
 
     # --- one micro-batch: input -> chain -> route -> checkpoint ----------------
 
@@ -298,3 +304,4 @@ class Worker:
 
 def _pairs(released: dict[int, int]) -> str:
     return ", ".join(f"{kg}->{to}" for kg, to in sorted(released.items()))
+

@@ -62,6 +62,9 @@ def bench_job(name: str, rate: dict, policy: str, parallelism: int) -> StreamJob
                         "aggregations": [{"function": "count", "as": "n"}]}],
             "sinks": [{"name": "counts", "type": "redis_stream", "inputs": ["count"]}],
             "autoscaler": {"policy": policy, **_SETTINGS},
+            # Enough warm spares for a scale-out by three (1 -> 4, as ds2 decides for step_up): a decision
+            # takes effect without JVM starts on the busy cores. Both policies run with them.
+            "rescale": {"spareInstances": 3},
         },
     })
 

@@ -64,6 +64,8 @@ def bench_job(name: str) -> StreamJob:
             "sinks": [{"name": SINK, "type": "redis_stream", "inputs": [STAGE]}],
             # Rare snapshots: each one rewrites the ballast of every key group it covers.
             "state": {"snapshotEveryBatches": 200},
+            # The scale-out's two new instances are warm spares (restart stops and starts every instance).
+            "rescale": {"spareInstances": 2},
         },
     })
 
