@@ -40,8 +40,11 @@ demo: setup
 # The operator tests run in their own pytest process: they start a kopf operator, an emulated
 # API server and worker processes per module, which must not share a process with the Spark
 # and Redis fixtures of the other layers.
-test: setup
+lint: $(VENV)/.installed
 	$(BIN)/lint-imports
+	$(BIN)/ruff check .
+
+test: setup lint
 	$(BIN)/pytest --durations=25 tests/unit tests/integration tests/e2e
 	$(BIN)/pytest --durations=10 tests/operator
 
