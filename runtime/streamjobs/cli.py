@@ -26,7 +26,7 @@ def _validate(args) -> int:
 
 
 def _run(args) -> int:
-    from .run import install_sigterm_as_interrupt, run_job
+    from .run import run_job, stop_on_terminal_signals
 
     try:
         job = load_job(args.file)
@@ -34,7 +34,7 @@ def _run(args) -> int:
         for field, message in exc.errors:
             print(f"{args.file}: {field}: {message}", file=sys.stderr)
         return 2
-    install_sigterm_as_interrupt()
+    stop_on_terminal_signals()
     result = run_job(job, args.duration, args.redis_url, args.report, verify=not args.no_verify)
     verification = result.get("verification") or {}
     return 1 if verification.get("correct") is False else 0

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -12,6 +14,7 @@ from pathlib import Path
 import redis
 from rich.console import Console
 from rich.live import Live
+from rich.table import Table
 from streamjobs_core.spec import StreamJob
 
 from . import report as reporting
@@ -88,11 +91,12 @@ def run_job(
         }
         runtime.shutdown()
         if verify:
-            result["verification"] = _verify(runtime, drained)
-        if report_path:
-            Path(report_path).parent.mkdir(parents=True, exist_ok=True)
-            Path(report_path).write_text(json.dumps(result, indent=2))
-        _summary(console, result)
+            result["verification"] = _verify(runtime, drained, logs)
+        # The whole report goes to a file (the log folder's when no path is given); the terminal gets a summary.
+        report = Path(report_path) if report_path else logs / "report.json"
+        report.parent.mkdir(parents=True, exist_ok=True)
+        report.write_text(json.dumps(result, indent=2))
+        _summary(console, result, report)
         return result
 
 
@@ -151,27 +155,61 @@ def _resume_rescale(runtime, console) -> None:
                       f"{resumed['from']} -> {resumed['to']} ({resumed.get('phase', 'done')})")
 
 
-def _verify(runtime: LocalRuntime, drained: bool) -> dict:
+def _verify(runtime: LocalRuntime, drained: bool, logs: Path) -> dict:
     from streamjobs_worker import spark
 
     from . import oracle
 
     if not drained:
         return {"correct": False, "reason": "the job did not drain; its output is incomplete"}
-    return oracle.verify(spark.session("local[2]", "2g"), runtime.r, runtime.plan)
+    with _jvm_console_to(logs / "oracle-spark.log"):
+        session = spark.session("local[2]", "2g")
+    return oracle.verify(session, runtime.r, runtime.plan)
 
-def _summary(console: Console, result: dict) -> None:
-    console.print_json(json.dumps({k: result[k] for k in ("operators", "sinks", "latency_ms")}))
+
+@contextlib.contextmanager
+def _jvm_console_to(path: Path):
+    """A JVM started inside writes its console (Spark's own log lines) to `path` for good: it inherits fds 1
+    and 2, which are this process's again afterwards."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with open(path, "ab") as log:
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+    try:
+        yield
+    finally:
+        for fd, copy in zip((1, 2), saved):
+            os.dup2(copy, fd)
+            os.close(copy)
+
+def _summary(console: Console, result: dict, report: Path) -> None:
+    table = Table(title=f"{result['job']}: {result['duration_s']:.0f} s", title_justify="left")
+    for column in ("operator", "records in", "records out", "dead letters"):
+        table.add_column(column, justify="left" if column == "operator" else "right")
+    for op, counts in result["operators"].items():
+        table.add_row(op, f"{counts['records_in']:,}", f"{counts['records_out']:,}",
+                      f"{result['dead_letters_by_operator'].get(op, 0):,}")
+    console.print(table)
+    latency = result["latency_ms"]
+    if latency.get("p50_ms") is not None:
+        console.print(f"latency at the sinks: p50 {latency['p50_ms']:,.0f} ms, "
+                      f"p99 {latency['p99_ms']:,.0f} ms, max {latency['max_ms']:,.0f} ms")
     for op, shed in result["shed"].items():
         console.print(f"load shedding: source {op} dropped {shed:,} records (each batch logged in the shed stream)")
     verification = result.get("verification")
     if verification:
-        console.print(
-            f"verification: correct={verification.get('correct')} lost={verification.get('lost')} "
-            f"duplicated={verification.get('duplicated')}"
-        )
+        verdict = "correct" if verification.get("correct") else "NOT correct"
+        console.print(f"verification: {verdict}, lost {verification.get('lost')}, duplicated "
+                      f"{verification.get('duplicated')}" + (f" ({verification['reason']})"
+                                                               if verification.get("reason") else ""))
+    console.print(f"report: {report}")
 
 
-def install_sigterm_as_interrupt() -> None:
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+def stop_on_terminal_signals() -> None:
+    """SIGTERM and SIGHUP (a closed terminal) stop a run as Ctrl-C does: drained, verified, its redis-server
+    and workers gone."""
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
 

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+import redis
 
 from .conftest import ROOT, assert_exact
 
@@ -32,16 +37,31 @@ def test_example_equals_oracle(run, example):
     assert report["operators"]["events"]["records_out"] > 20_000, "the source ran at its rate (3,000 records/s)"
 
 
-def test_cli_run_reports_verifies_and_leaves_no_process(tmp_path):
+def test_cli_run_stopped_by_sighup_reports_verifies_quietly_and_leaves_no_process(tmp_path):
+    """A closed terminal (SIGHUP) stops `streamjobs run` as Ctrl-C does: drained, verified, reported, its
+    redis-server and workers gone; the terminal gets a short summary, not JSON or Spark's log lines."""
     report_path = tmp_path / "r.json"
-    done = subprocess.run(
-        [sys.executable, "-m", "streamjobs.cli", "run", str(ROOT / "examples/wordcount.yaml"), "--duration", "10",
-         "--report", str(report_path)],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    run = subprocess.Popen(
+        [sys.executable, "-m", "streamjobs.cli", "run", str(ROOT / "examples/wordcount.yaml"), "--report",
+         str(report_path)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "COLUMNS": "250"},  # rich wraps at the width; the path below stays on one line
     )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    started = run.stdout.readline()  # "starting wordcount on redis://127.0.0.1:PORT: workers log to DIR"
+    r = redis.Redis.from_url(re.search(r"redis://[0-9.]+:[0-9]+", started).group(0))
+    deadline = time.monotonic() + 120
+    while r.xlen("sj:{wordcount}:out:counts") == 0 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    time.sleep(3)
+    run.send_signal(signal.SIGHUP)
+    out, err = run.communicate(timeout=300)
+    assert run.returncode == 0, started + out[-3000:] + err[-3000:]
     report = json.loads(report_path.read_text())
+    assert report["interrupted"] is True
     assert_exact(report)
     assert report["sinks"]["counts"] == report["verification"]["sinks"]["counts"]["expected"] > 0
     assert report["latency_ms"]["p50_ms"] is not None
+    assert "verification: correct, lost 0, duplicated 0" in out and f"report: {report_path}" in out
+    assert '"operators"' not in out and "WARN" not in out + err and "log4j" not in out + err
     assert worker_processes("wordcount") == []
+    with pytest.raises(redis.ConnectionError):
+        r.ping()
