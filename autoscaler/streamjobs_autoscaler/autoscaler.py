@@ -18,7 +18,7 @@ from streamjobs_core.spec import AutoscalerSettings
 
 from . import guards
 from .collect import Collector, Snapshot
-from .decision import Decision, OperatorDecision
+from .decision import Decision, OperatorDecision, Rule
 from .evaluate import Rates, window_rates
 from .policies import POLICIES
 from .ports import DecisionLog, Events, Scaler
@@ -42,11 +42,11 @@ class Autoscaler:
         self._window: deque[Snapshot] = deque()
         self._next_tick = clock()
         self._stable_after = clock() + settings.stabilization_s  # a fresh job warms up like a rescaled one
-        self._down_seen: dict[str, tuple[float, int]] = {}
+        self._down_asked: dict[str, tuple[float, int] | None] = {}
         self._blocked_up: dict[str, str] = {}
         self._up_streak: dict[str, int] = {}
         self._to_judge: dict[str, dict] = {}  # scale-ups whose achieved capacity is checked next time
-        self._last_rules: tuple = ()
+        self._last_holds: tuple = ()
 
     def tick(self) -> Decision | None:
         """Collect, and when a full window after stabilization is there, decide and execute."""
@@ -84,21 +84,22 @@ class Autoscaler:
         history = self.log.entries()
         decided = []
         for d in recommended:
+            op = d.operator
             d = guards.max_step(d, self.settings)
-            d = guards.activation(d, self._up_streak, self.settings)
-            d = guards.ineffective(d, self._blocked_up)
+            d, self._up_streak[op] = guards.activation(d, self._up_streak.get(op, 0), self.settings)
+            d = guards.ineffective(d, self._blocked_up.get(op))
             d = guards.undone_by_history(d, now, history, self.settings)
-            d = guards.scale_down_delay(d, now, self._down_seen, self.settings)
+            d, self._down_asked[op] = guards.scale_down_delay(d, now, self._down_asked.get(op), self.settings)
             decided.append(d)
         decision = Decision(now, self.settings.policy, tuple(decided))
-        rules = tuple((d.operator, d.rule.split(":")[0], d.parallelism) for d in decided if d.changes or d.rule
-                      in _BLOCKING_REASONS)
+        # A decision that changes nothing is recorded only when what holds changes back differs from last time.
+        holds = tuple((d.operator, d.rule, d.parallelism) for d in decided if d.changes or d.rule.event)
         if not decision.changes:
-            if rules and rules != self._last_rules:
+            if holds and holds != self._last_holds:
                 self._record(decision)
-            self._last_rules = rules
+            self._last_holds = holds
             return decision
-        self._last_rules = rules
+        self._last_holds = holds
         return self._execute(decision, rates)
 
     def _execute(self, decision: Decision, rates: dict[str, Rates]) -> Decision:
@@ -123,8 +124,8 @@ class Autoscaler:
     def _record(self, decision: Decision) -> None:
         self.log.append(decision.to_dict())
         for d in decision.operators:
-            if d.changes or d.rule in _BLOCKING_REASONS:
-                self.events.emit(_reason(d), d.explain(), warning=d.rule == "ineffective scaling")
+            if d.changes or d.rule.event:
+                self.events.emit(_reason(d), d.explain(), warning=d.rule == Rule.INEFFECTIVE)
         if decision.error:
             self.events.emit("RescaleFailed", decision.error, warning=True)
 
@@ -164,12 +165,7 @@ def _disruption(before: Snapshot, after: Snapshot) -> str:
     return f"{', '.join(sorted(missing))}: no instance answered" if missing else ""
 
 
-# Guard rails that hold a change back are reported (an Event each); holds that only wait are not.
-_BLOCKING_REASONS = {"scale-down delay": "ScaleDownDelayed", "ineffective scaling": "ScaleUpBlocked",
-                     "history veto": "ScaleDownVetoed"}
-
-
 def _reason(d: OperatorDecision) -> str:
     if d.changes:
         return "ScaledUp" if d.parallelism > d.current else "ScaledDown"
-    return _BLOCKING_REASONS[d.rule]
+    return d.rule.event

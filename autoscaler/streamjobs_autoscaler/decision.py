@@ -3,6 +3,34 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from enum import StrEnum
+
+
+class Rule(StrEnum):
+    """The rule that set an operator's parallelism: a policy's, or a guard rail's that changed or held it."""
+
+    DS2 = "ds2"
+    DS2_NO_BUSY_TIME = "ds2: no busy time in the window, kept"
+    DS2_IN_BAND = "ds2: within the utilization band"
+    DS2_BELOW_BAND = "ds2: below the utilization band, kept"
+    REACTIVE_UP = "reactive: backlog per instance over lagHighRecords"
+    REACTIVE_DOWN = "reactive: backlog per instance under lagLowRecords, idle"
+    REACTIVE_HOLD = "reactive: within thresholds"
+    MAX_SCALE_FACTOR = "max scale factor"
+    ACTIVATION = "activation"
+    INEFFECTIVE = "ineffective scaling"
+    SCALE_DOWN_DELAY = "scale-down delay"
+    HISTORY_VETO = "history veto"
+
+    @property
+    def event(self) -> str | None:
+        """The Event reason of a guard rail that holds a change back (an Event each); None for the rest,
+        whose holds only wait."""
+        return _HOLDING_EVENTS.get(self)
+
+
+_HOLDING_EVENTS = {Rule.SCALE_DOWN_DELAY: "ScaleDownDelayed", Rule.INEFFECTIVE: "ScaleUpBlocked",
+                   Rule.HISTORY_VETO: "ScaleDownVetoed"}
 
 
 @dataclass(frozen=True)
@@ -11,7 +39,7 @@ class OperatorDecision:
     current: int
     recommended: int  # what the policy asked for, before guard rails
     parallelism: int  # what will run (== current when blocked or unchanged)
-    rule: str  # the rule that set `parallelism`: e.g. "ds2", "scale-down delay", "ineffective scaling"
+    rule: Rule  # the rule that set `parallelism`
     target_rate: float | None = None
     true_rate_per_instance: float | None = None
     batch_cost_s: float | None = None  # fixed busy time per batch, fitted out of the true rate

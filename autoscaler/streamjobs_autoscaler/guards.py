@@ -1,8 +1,9 @@
 """Guard rails between a policy's recommendation and a rescale (Turbine, Flink's autoscaler).
 
-Each rail is a small function of one operator's decision and what the
-autoscaler remembers; it returns the decision unchanged or with the rule that
-held it back, so every blocked change says why.
+Each rail is a pure function of one operator's decision and what the
+autoscaler remembers of that operator; it returns the decision unchanged or
+with the rule that held it back, so every blocked change says why, and a rail
+that remembers returns what to remember next instead of changing its input.
 """
 
 from __future__ import annotations
@@ -12,54 +13,55 @@ from dataclasses import replace
 
 from streamjobs_core.spec import AutoscalerSettings
 
-from .decision import OperatorDecision
+from .decision import OperatorDecision, Rule
 
 
 def max_step(d: OperatorDecision, settings: AutoscalerSettings) -> OperatorDecision:
     highest = math.ceil(d.current * settings.max_scale_factor)
     lowest = max(1, math.ceil(d.current / settings.max_scale_factor))
+    factor = _and(d.note, f"limited by maxScaleFactor {settings.max_scale_factor:g}")
     if d.parallelism > highest:
-        return replace(d, parallelism=highest, rule=f"max scale factor {settings.max_scale_factor:g}")
+        return replace(d, parallelism=highest, rule=Rule.MAX_SCALE_FACTOR, note=factor)
     if d.parallelism < lowest:
-        return replace(d, parallelism=lowest, rule=f"max scale factor {settings.max_scale_factor:g}")
+        return replace(d, parallelism=lowest, rule=Rule.MAX_SCALE_FACTOR, note=factor)
     return d
 
 
-def activation(d: OperatorDecision, streak: dict[str, int], settings: AutoscalerSettings) -> OperatorDecision:
-    """Scale up only when `activationIntervals` consecutive intervals asked for it; act on the latest."""
+def activation(d: OperatorDecision, streak: int, settings: AutoscalerSettings) -> tuple[OperatorDecision, int]:
+    """Scale up only when `activationIntervals` consecutive intervals asked for it; act on the latest.
+    `streak`: the intervals in a row that asked before this one; returns the decision and the streak now."""
     if d.parallelism <= d.current:
-        streak.pop(d.operator, None)
-        return d
-    streak[d.operator] = streak.get(d.operator, 0) + 1
-    if streak[d.operator] < settings.activation_intervals:
-        return replace(d, parallelism=d.current, rule="activation",
-                       note=f"{d.note}; asked {streak[d.operator]} of {settings.activation_intervals} intervals")
-    streak.pop(d.operator)
-    return d
+        return d, 0
+    streak += 1
+    if streak < settings.activation_intervals:
+        return replace(d, parallelism=d.current, rule=Rule.ACTIVATION,
+                       note=_and(d.note, f"asked {streak} of {settings.activation_intervals} intervals")), streak
+    return d, 0
 
 
-def ineffective(d: OperatorDecision, blocked: dict[str, str]) -> OperatorDecision:
-    if d.parallelism > d.current and d.operator in blocked:
-        return replace(d, parallelism=d.current, rule="ineffective scaling", note=blocked[d.operator])
+def ineffective(d: OperatorDecision, blocked: str | None) -> OperatorDecision:
+    """`blocked`: why scaling this operator up did not help before, if it did not."""
+    if d.parallelism > d.current and blocked:
+        return replace(d, parallelism=d.current, rule=Rule.INEFFECTIVE, note=blocked)
     return d
 
 
 def scale_down_delay(
-    d: OperatorDecision, now: float, seen: dict[str, tuple[float, int]], settings: AutoscalerSettings
-) -> OperatorDecision:
-    """Scale down only after `scaleDownDelayS` of asking for it, to the largest recommendation of that time."""
+    d: OperatorDecision, now: float, asked: tuple[float, int] | None, settings: AutoscalerSettings
+) -> tuple[OperatorDecision, tuple[float, int] | None]:
+    """Scale down only after `scaleDownDelayS` of asking for it, to the largest recommendation of that time.
+    `asked`: since when a scale-down was asked for and the largest one asked; returns the decision and that
+    record now."""
     if d.parallelism >= d.current:
-        seen.pop(d.operator, None)
-        return d
-    since, largest = seen.get(d.operator, (now, d.parallelism))
+        return d, None
+    since, largest = asked or (now, d.parallelism)
     largest = max(largest, d.parallelism)
-    seen[d.operator] = (since, largest)
     waited = now - since
     if waited < settings.scale_down_delay_s:
-        return replace(d, parallelism=d.current, rule="scale-down delay",
-                       note=f"{settings.scale_down_delay_s - waited:.0f} s left; largest recommendation {largest}")
-    seen.pop(d.operator, None)
-    return replace(d, parallelism=largest, note=f"{d.note}; largest recommendation over the delay: {largest}")
+        return replace(d, parallelism=d.current, rule=Rule.SCALE_DOWN_DELAY,
+                       note=f"{settings.scale_down_delay_s - waited:.0f} s left; largest recommendation {largest}"), (
+            since, largest)
+    return replace(d, parallelism=largest, note=_and(d.note, f"largest recommendation over the delay: {largest}")), None
 
 
 def undone_by_history(
@@ -75,6 +77,10 @@ def undone_by_history(
         for past in entry["operators"]:
             if (past["operator"] == d.operator and entry.get("executed")
                     and past["current"] <= d.parallelism < past["parallelism"]):
-                return replace(d, parallelism=d.current, rule="history veto",
+                return replace(d, parallelism=d.current, rule=Rule.HISTORY_VETO,
                                note=f"a scale-up from {past['current']} {now - entry['time']:.0f} s ago")
     return d
+
+
+def _and(note: str, more: str) -> str:
+    return f"{note}; {more}" if note else more

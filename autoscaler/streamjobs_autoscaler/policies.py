@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from streamjobs_core.spec import AutoscalerSettings
 
-from .decision import OperatorDecision
+from .decision import OperatorDecision, Rule
 from .evaluate import Rates, ds2, evenly_spread
 from .topology import Topology
 
@@ -31,14 +31,14 @@ def ds2_policy(
                       batch_cost_s=rate.batch_cost_s,
                       input_rate=rate.input_per_s, utilization=rate.busy_ratio, backlog=rate.backlog)
         if target.parallelism is None:
-            out.append(OperatorDecision(info.name, now, now, now, "ds2: no busy time in the window, kept", **common))
+            out.append(OperatorDecision(info.name, now, now, now, Rule.DS2_NO_BUSY_TIME, **common))
             continue
         utilization = target.utilization(now)
         band = (settings.target_utilization - settings.utilization_boundary,
                 settings.target_utilization + settings.utilization_boundary)
         if band[0] <= utilization <= band[1]:
             out.append(OperatorDecision(
-                info.name, now, now, now, "ds2: within the utilization band", note=(
+                info.name, now, now, now, Rule.DS2_IN_BAND, note=(
                     f"busy {utilization:.0%} at the target rate, within {band[0]:.0%}-{band[1]:.0%}"), **common))
             continue
         lowest, highest = bounds(settings, info.key_groups)
@@ -47,13 +47,13 @@ def ds2_policy(
             # The operator keeps up with room to spare: only the input a rescale would pile up asks for more
             # instances, and that input piles up only if we rescale.
             out.append(OperatorDecision(
-                info.name, now, now, now, "ds2: below the utilization band, kept", note=(
+                info.name, now, now, now, Rule.DS2_BELOW_BAND, note=(
                     f"busy {utilization:.0%} at the target rate, under {band[0]:.0%}; a rescale's own "
                     f"pile-up would need {target.parallelism:.2f}"), **common))
             continue
         note = (f"needs {target.parallelism:.2f}; limited to {wanted} by the bounds" if limited
                 else f"needs {target.parallelism:.2f}, rounded to a divisor of {info.key_groups} key groups")
-        out.append(OperatorDecision(info.name, now, wanted, wanted, "ds2", note=note, **common))
+        out.append(OperatorDecision(info.name, now, wanted, wanted, Rule.DS2, note=note, **common))
     return out
 
 
@@ -69,16 +69,17 @@ def reactive_policy(
             continue
         now = current[info.name]
         per_instance = rate.backlog / max(1, now)
+        note = f"backlog {per_instance:,.0f} per instance"
         if per_instance > settings.lag_high_records:
-            step, rule = 1, f"reactive: backlog {per_instance:,.0f} per instance > {settings.lag_high_records:,}"
+            step, rule, note = 1, Rule.REACTIVE_UP, f"{note} > {settings.lag_high_records:,}"
         elif per_instance < settings.lag_low_records and rate.busy_ratio < settings.target_utilization / 2:
-            step, rule = -1, f"reactive: backlog {per_instance:,.0f} per instance < {settings.lag_low_records:,}, idle"
+            step, rule, note = -1, Rule.REACTIVE_DOWN, f"{note} < {settings.lag_low_records:,}"
         else:
-            step, rule = 0, "reactive: within thresholds"
+            step, rule = 0, Rule.REACTIVE_HOLD
         lowest, highest = bounds(settings, info.key_groups)
         wanted = min(highest, max(lowest, now + step))
         out.append(OperatorDecision(info.name, now, wanted, wanted, rule, input_rate=rate.input_per_s,
-                                    utilization=rate.busy_ratio, backlog=rate.backlog))
+                                    utilization=rate.busy_ratio, backlog=rate.backlog, note=note))
     return out
 
 

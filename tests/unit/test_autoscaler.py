@@ -7,6 +7,7 @@ import math
 import pytest
 from streamjobs_autoscaler.autoscaler import Autoscaler
 from streamjobs_autoscaler.collect import OperatorCounters, Snapshot
+from streamjobs_autoscaler.decision import Rule
 from streamjobs_autoscaler.evaluate import ds2, evenly_spread, window_rates
 from streamjobs_autoscaler.policies import ds2_policy
 from streamjobs_autoscaler.ports import MemoryDecisionLog
@@ -120,7 +121,7 @@ def test_ds2_reaches_the_optimum_in_one_decision_on_a_step_up():
     decisions = run(job, scaler, 120)
     optimum = math.ceil(2800 / (1000 * 0.8))
     assert job.rescales[0] == ("stage", evenly_spread(optimum, 120, 1, 120)[0])
-    assert len(decisions) == 1 and decisions[0].changes[0].rule == "ds2"
+    assert len(decisions) == 1 and decisions[0].changes[0].rule == Rule.DS2
     assert "true rate 1,000 rec/s per instance" in decisions[0].changes[0].explain()
 
 
@@ -174,7 +175,7 @@ def test_ds2_keeps_an_operator_whose_load_swings_within_the_utilization_band():
     job.advance(20)
     rates = window_rates([start, job.collect(job.now)])
     kept = next(d for d in ds2_policy(TOPOLOGY, rates, job.parallelism, scaler.settings) if d.operator == "stage")
-    assert (kept.parallelism, kept.rule) == (3, "ds2: within the utilization band") and "busy 73%" in kept.explain()
+    assert (kept.parallelism, kept.rule) == (3, Rule.DS2_IN_BAND) and "busy 73%" in kept.explain()
     job.rate = 4000  # 133 % busy on 3 instances
     run(job, scaler, 120)
     first = [n for op, n in job.rescales if op == "stage"][0]
@@ -193,14 +194,14 @@ def test_ds2_does_not_scale_up_an_operator_under_the_band_for_the_pile_up_of_its
     rates = window_rates([start, job.collect(job.now)])
     kept = next(d for d in ds2_policy(TOPOLOGY, rates, job.parallelism, settings) if d.operator == "stage")
     assert ds2(TOPOLOGY, rates, settings)["stage"].parallelism > 2
-    assert (kept.parallelism, kept.rule) == (2, "ds2: below the utilization band, kept")
+    assert (kept.parallelism, kept.rule) == (2, Rule.DS2_BELOW_BAND)
     assert "busy 35% at the target rate, under 60%" in kept.explain()
     job.rate = 200  # now one instance is enough even counting the pile-up: scaling down still happens
     start = job.collect(job.now)
     job.advance(20)
     rates = window_rates([start, job.collect(job.now)])
     down = next(d for d in ds2_policy(TOPOLOGY, rates, job.parallelism, settings) if d.operator == "stage")
-    assert (down.parallelism, down.rule) == (1, "ds2")
+    assert (down.parallelism, down.rule) == (1, Rule.DS2)
 
 
 def test_scale_down_waits_and_applies_the_largest_recommendation_of_the_delay():
@@ -215,7 +216,7 @@ def test_scale_down_waits_and_applies_the_largest_recommendation_of_the_delay():
             if (decision := scaler.tick()) is not None:
                 seen.append(decision)
     stage = [next(d for d in decision.operators if d.operator == "stage") for decision in seen]
-    delayed = [d for d in stage if d.rule == "scale-down delay"]
+    delayed = [d for d in stage if d.rule == Rule.SCALE_DOWN_DELAY]
     applied = [d for d in stage if d.changes]
     assert delayed and applied and job.rescales == [("stage", applied[0].parallelism)]
     # Not the latest recommendation (1, for the last minute's load) but the largest of the delay.
@@ -282,3 +283,23 @@ def test_a_worker_restart_restarts_the_window_like_a_rescale():
     job.rate = 2800
     decisions = run(job, scaler, 80)
     assert decisions and decisions[0].time >= 38 + FAST["stabilization_s"] + FAST["metrics_window_s"]
+
+
+def test_guard_rails_return_what_to_remember_and_name_their_rule():
+    from streamjobs_autoscaler import guards
+    from streamjobs_autoscaler.decision import OperatorDecision
+
+    settings = AutoscalerSettings(activation_intervals=2, scale_down_delay_s=30, max_scale_factor=2.0)
+    up = OperatorDecision("agg", 2, 9, 9, Rule.DS2)
+    held, streak = guards.activation(up, 0, settings)
+    assert (held.parallelism, held.rule, streak) == (2, Rule.ACTIVATION, 1) and up.parallelism == 9
+    assert guards.activation(up, streak, settings) == (up, 0)  # the second interval in a row acts
+    assert guards.max_step(up, settings).parallelism == 4 and guards.max_step(up, settings).rule == Rule.MAX_SCALE_FACTOR
+    assert guards.ineffective(up, "it did not help").rule == Rule.INEFFECTIVE and guards.ineffective(up, None) is up
+    down = OperatorDecision("agg", 4, 1, 1, Rule.DS2)
+    waiting, asked = guards.scale_down_delay(down, 100.0, None, settings)
+    assert (waiting.parallelism, waiting.rule, asked) == (4, Rule.SCALE_DOWN_DELAY, (100.0, 1))
+    _, asked = guards.scale_down_delay(OperatorDecision("agg", 4, 2, 2, Rule.DS2), 110.0, asked, settings)
+    done, asked = guards.scale_down_delay(down, 131.0, asked, settings)
+    assert (done.parallelism, asked) == (2, None)  # the largest recommendation over the delay
+    assert Rule.SCALE_DOWN_DELAY.event == "ScaleDownDelayed" and Rule.ACTIVATION.event is None
