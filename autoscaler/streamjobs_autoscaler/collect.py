@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from prometheus_client.parser import text_string_to_metric_families
-from streamjobs_core.layout import JobKeys
+from streamjobs_core.jobstore import JobStore
 
 
 @dataclass
@@ -83,18 +83,17 @@ def add_exposition(counters: dict[str, OperatorCounters], text: str) -> None:
 
 
 class EndpointCollector:
-    """Scrapes every instance registered in the job's metrics-endpoint hash, as Prometheus would."""
+    """Scrapes every instance registered in the job store, as Prometheus would."""
 
-    def __init__(self, r, keys: JobKeys, timeout_s: float = 1.0) -> None:
-        self.r = r
-        self.keys = keys
+    def __init__(self, store: JobStore, timeout_s: float = 1.0) -> None:
+        self.store = store
         self.timeout_s = timeout_s
 
     def collect(self, now: float) -> Snapshot:
         out: dict[str, OperatorCounters] = defaultdict(OperatorCounters)
-        for address in self.r.hvals(self.keys.metrics_endpoints):
+        for address in self.store.registered().values():
             try:
-                with urllib.request.urlopen(f"http://{address.decode()}/metrics", timeout=self.timeout_s) as response:
+                with urllib.request.urlopen(f"http://{address}/metrics", timeout=self.timeout_s) as response:
                     text = response.read().decode()
             except OSError:
                 continue  # a restarting instance shows up again on the next scrape

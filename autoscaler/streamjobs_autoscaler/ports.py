@@ -11,8 +11,8 @@ class Scaler(Protocol):
     def parallelism(self) -> dict[str, int]:
         """Parallelism in force per operator."""
 
-    def rescale(self, op: str, parallelism: int) -> dict:
-        """Rescale one operator live (the rescale controller); return its record."""
+    def rescale(self, op: str, parallelism: int) -> None:
+        """Rescale one operator live (the rescale controller); return once it took effect."""
 
 
 class DecisionLog(Protocol):

@@ -18,10 +18,10 @@ import pyarrow.compute as pc
 
 from streamjobs_core.rates import RateCurve
 from streamjobs_core.spec import NexmarkSource, RateProfile, ZipfSource
+from streamjobs_core.watermarks import MAX_WATERMARK
 
 GeneratorSource = NexmarkSource | ZipfSource
 
-MAX_WATERMARK = 2**63 - 1
 
 NEXMARK_SCHEMA = pa.schema(
     [

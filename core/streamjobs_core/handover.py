@@ -4,20 +4,20 @@ Megaphone moves key groups in steps while everything else keeps running; Chi
 carries each step's sync point in-band. For every moved key group the rescale
 controller writes a marker into each of the key group's input streams. The old
 owner processes the records before the marker, and in the same commit as that
-batch records the key group's new owner here (`owners`); the new owner sees
+batch records the key group's new owner (the store's moved key groups); the new owner sees
 that, restores the key group's committed state and offsets (the marker) and
 goes on after it. Only that key group's records wait meanwhile.
 
 A source partition has no input stream to mark: the controller asks its owner
-(`releases`) to give it up at its next commit, with its offset. So does a key
+(a release request) to give it up at its next commit, with its offset. So does a key
 group whose old owner is backlogged (`rescale.markerMaxLagRecords`): a marker
 would wait until the owner worked through everything queued before it, and the
 rescale would arrive when it is least affordable. Released at a commit, the key
 group's unread records go to the new owner with its offsets and state.
 
-Who owns a key group is the assignment in force unless `owners` names a newer
+Who owns a key group is the assignment in force unless the moved key groups name a newer
 owner; a worker that restarts mid-rescale computes the same. The final switch
-writes the new assignment and drops `owners` in one transaction.
+writes the new assignment and drops the moved key groups in one transaction.
 
 With short windows the controller starts each step just after the step's key
 groups fired a window (Megaphone schedules migrations at timestamp
@@ -28,38 +28,30 @@ as much; started right after one, the transit ends before the next.
 
 from __future__ import annotations
 
-import msgpack
-
-from .codec import encode_marker
+from .jobstore import JobStore
 from .keygroups import Assignment, Move
-from .plan import JobPlan, key_group_lag, parse_assignment, write_assignment
+from .plan import JobPlan
 
 # Aligning costs a step up to one window; with longer windows a transit rarely meets a window end anyway.
 ALIGN_WINDOWS_UP_TO_MS = 5000
 
 
-def owners(r, plan: JobPlan, op: str) -> list[int]:
+def current_owners(store: JobStore, plan: JobPlan, op: str) -> list[int]:
     """The owner instance of every key group of `op` now."""
-    keys = plan.keys
-    # One MULTI: the final switch replaces the assignment and drops `owners` at once, and a worker must not
-    # see the old assignment without the moves (it would take back what it gave away).
-    pipe = r.pipeline(transaction=True)
-    pipe.hgetall(keys.assignment(op))
-    pipe.hgetall(keys.owners(op))
-    assignment, moved = pipe.execute()
-    current = list(parse_assignment(assignment).owners if assignment else plan.initial_assignment(op).owners)
+    assignment, moved = store.ownership(op)
+    current = list((assignment or plan.initial_assignment(op)).owners)
     for kg, instance in moved.items():
-        current[int(kg)] = int(instance)
+        current[kg] = instance
     return current
 
 
-def owned_by(r, plan: JobPlan, op: str, instance: int) -> tuple[int, ...]:
-    return tuple(kg for kg, owner in enumerate(owners(r, plan, op)) if owner == instance)
+def owned_by(store: JobStore, plan: JobPlan, op: str, instance: int) -> tuple[int, ...]:
+    return tuple(kg for kg, owner in enumerate(current_owners(store, plan, op)) if owner == instance)
 
 
-def moved_to(r, plan: JobPlan, op: str, instance: int) -> list[int]:
+def moved_to(store: JobStore, op: str, instance: int) -> list[int]:
     """The key groups released to `instance` by the rescale in progress."""
-    return sorted(int(kg) for kg, i in r.hgetall(plan.keys.owners(op)).items() if int(i) == instance)
+    return sorted(kg for kg, i in store.ownership(op)[1].items() if i == instance)
 
 
 def steps(moves: list[Move], size: int) -> list[list[Move]]:
@@ -81,68 +73,53 @@ def window_steps(plan: JobPlan, op: str) -> tuple[int, int] | None:
     return None
 
 
-def committed_window(r, plan: JobPlan, op: str, step: list[Move], window: tuple[int, int]) -> int | None:
+def committed_window(store: JobStore, plan: JobPlan, op: str, step: list[Move],
+                     window: tuple[int, int]) -> int | None:
     """The last window whose end (plus lateness) the committed watermark of every key group of the step has
     passed, i.e. whose results are out; None before any commit."""
-    names = [plan.keys.kg_stream(e.upstream, op, m.key_group) for m in step for e in plan.edges_in(op)]
-    packed = r.hmget(plan.keys.watermarks(op), names)
-    if not names or any(p is None for p in packed):
+    upstreams = [e.upstream for e in plan.edges_in(op)]
+    watermark = store.committed_watermark(upstreams, op, [m.key_group for m in step])
+    if watermark is None:
         return None
-    # Per stream: runs of (first upstream instance, last, watermark); a key group is as far as its slowest.
-    watermark = min(mark for p in packed for _, _, mark in msgpack.unpackb(p))
     size, lateness = window
     return (watermark - lateness) // size
 
 
-def start(r, plan: JobPlan, op: str, step: list[Move]) -> list[int]:
+def start(store: JobStore, plan: JobPlan, op: str, step: list[Move]) -> list[int]:
     """Ask the old owners to hand these key groups over: markers into their streams, or release requests
     (sources, and backlogged owners); returns the key groups asked for a release.
 
     Idempotent for a resumed controller, even one that chooses differently: a new owner skips a marker that
     names itself, and a key group released at a commit is not released again at its marker.
     """
-    keys = plan.keys
-    edges = plan.edges_in(op)
-    backlogged = owner_lag(r, plan, op) if edges else {}
+    upstreams = [e.upstream for e in plan.edges_in(op)]
+    backlogged = owner_lag(store, plan, op) if upstreams else {}
     bound = plan.spec.rescale.marker_max_lag_records
-    released = [m.key_group for m in step if not edges or backlogged.get(m.source, 0) > bound]
-    pipe = r.pipeline(transaction=False)
+    released = {m.key_group: m.target for m in step if not upstreams or backlogged.get(m.source, 0) > bound}
+    if released:
+        store.request_release(op, released)
     for move in step:
-        if move.key_group in released:
-            pipe.hset(keys.releases(op), str(move.key_group), move.target)
-            continue
-        for edge in edges:
-            pipe.xadd(keys.kg_stream(edge.upstream, op, move.key_group), encode_marker(move.target))
-    pipe.execute()
-    return released
+        if move.key_group not in released:
+            store.mark(upstreams, op, move.key_group, move.target)
+    return sorted(released)
 
 
-def owner_lag(r, plan: JobPlan, op: str) -> dict[int, int]:
+def owner_lag(store: JobStore, plan: JobPlan, op: str) -> dict[int, int]:
     """Input records produced and not yet consumed, per owner instance of `op`."""
-    owner = owners(r, plan, op)
+    owner = current_owners(store, plan, op)
     lag: dict[int, int] = {}
-    for (_, kg), records in key_group_lag(r, plan.keys, plan.edges_in(op), range(len(owner))).items():
+    upstreams = [e.upstream for e in plan.edges_in(op)]
+    for (_, kg), records in store.key_group_lag(upstreams, op, range(len(owner))).items():
         lag[owner[kg]] = lag.get(owner[kg], 0) + records
     return lag
 
 
-def completed(r, plan: JobPlan, op: str, step: list[Move]) -> bool:
+def completed(store: JobStore, op: str, step: list[Move]) -> bool:
     """Whether every key group of the step was released by its old owner and taken by its new one."""
-    keys = plan.keys
-    fields = [str(m.key_group) for m in step]
-    now = r.hmget(keys.owners(op), fields)
-    taken = r.hmget(keys.acquired(op), fields)
-    return all(
-        owner is not None and int(owner) == m.target and by is not None and int(by) == m.target
-        for m, owner, by in zip(step, now, taken)
-    )
+    moved, taken = store.ownership(op)[1], store.acquired(op)
+    return all(moved.get(m.key_group) == m.target and taken.get(m.key_group) == m.target for m in step)
 
 
-def finish(r, plan: JobPlan, op: str, new: Assignment) -> None:
+def finish(store: JobStore, op: str, new: Assignment) -> None:
     """Make the moved ownership the assignment in force, in the same generation: nobody is fenced."""
-    keys = plan.keys
-    generation, epoch = r.hmget(keys.assignment(op), ["generation", "epoch"])
-    pipe = r.pipeline(transaction=True)
-    write_assignment(pipe, keys, op, new, generation=int(generation or epoch))
-    pipe.delete(keys.owners(op), keys.releases(op), keys.acquired(op))
-    pipe.execute()
+    store.finish_handover(op, new)

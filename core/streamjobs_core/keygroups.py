@@ -82,7 +82,7 @@ class Assignment:
     def parallelism(self) -> int:
         return max(self.owners) + 1
 
-    def key_groups_of(self, instance: int) -> tuple[int, ...]:
+    def owned_by(self, instance: int) -> tuple[int, ...]:
         return tuple(kg for kg, owner in enumerate(self.owners) if owner == instance)
 
 

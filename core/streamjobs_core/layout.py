@@ -23,6 +23,11 @@ class JobKeys:
         return f"{self.prefix}:plan"
 
     @property
+    def deployed_by(self) -> str:
+        """The uid of the StreamJob object whose deploy wrote the plan (the operator's create handler is retried)."""
+        return f"{self.prefix}:k8s-owner"
+
+    @property
     def control(self) -> str:
         return f"{self.prefix}:ctl"
 
@@ -84,10 +89,10 @@ class JobKeys:
         """The spare name instance `instance` takes when a scale-in demotes it."""
         return f"{self.prefix}:demote:{op}:{instance}"
 
-    def owners(self, op: str) -> str:
+    def moved(self, op: str) -> str:
         """Per key group moved by a fluid or batched rescale in progress: its owner instance now (written in
         the old owner's releasing commit; the assignment in force says who owns the others)."""
-        return f"{self.prefix}:owners:{op}"
+        return f"{self.prefix}:moved:{op}"
 
     def releases(self, op: str) -> str:
         """Per source partition or backlogged key group to move: the instance to release it to at the owner's

@@ -32,19 +32,15 @@ or StatefulSets on Kubernetes.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from typing import Protocol
 
 from . import handover
+from .control import Phase, RescaleRecord, RescaleState, Strategy
+from .jobstore import JobStore
 from .keygroups import Assignment, moves
-from .layout import JobKeys
-from .plan import JobPlan, read_assignment, write_assignment
-
-STRATEGIES = ("all_at_once", "fluid", "batched", "restart")
-STEPWISE = ("fluid", "batched")
-PRESTAGE, HANDOVER, RETIRE = "PRESTAGE", "HANDOVER", "RETIRE"
+from .plan import JobPlan
 
 
 class Fleet(Protocol):
@@ -76,22 +72,22 @@ class Fleet(Protocol):
         """Stop the instances of `op` from `parallelism` on (they own nothing any more); return once gone."""
 
 
-def progress(r, keys: JobKeys) -> dict | None:
-    """The rescale in progress: in PRESTAGE how far its standbys are (how many are ready, the most
-    changelog entries one of them applied in its last catch-up round); in a fluid or batched HANDOVER
-    how many key groups moved so far."""
-    raw = r.get(keys.rescale_current)
-    if raw is None:
+def progress(store: JobStore) -> dict | None:
+    """The rescale in progress as `streamjobs status` and the StreamJob's status show it: in PRESTAGE how far
+    its standbys are (how many are ready, the most changelog entries one of them applied in its last
+    catch-up round); in a fluid or batched HANDOVER how many key groups moved so far."""
+    state = store.rescale_state()
+    if state is None:
         return None
-    state = json.loads(raw)
-    if state["phase"] == HANDOVER and state["strategy"] in STEPWISE:
-        return {**state, "key_groups_moved": r.hlen(keys.acquired(state["operator"]))}
-    if state["phase"] != PRESTAGE:
-        return state
-    op, epoch = state["operator"], state["epoch"]
-    ready = sum(int(e) == epoch for e in r.hvals(keys.standby(op)))
-    lag = [int(n) for n in r.hvals(keys.standby_lag(op))]
-    return {**state, "standbys_ready": ready, "standby_lag": max(lag, default=None)}
+    shown = state.as_dict()
+    if state.phase == Phase.HANDOVER and state.strategy.stepwise:
+        return {**shown, "key_groups_moved": len(store.acquired(state.operator))}
+    if state.phase != Phase.PRESTAGE:
+        return shown
+    standbys = store.standbys(state.operator)
+    lag = [s.lag for s in standbys if s.lag is not None]
+    return {**shown, "standbys_ready": sum(s.epoch == state.epoch for s in standbys),
+            "standby_lag": max(lag, default=None)}
 
 
 class RescaleError(RuntimeError):
@@ -100,164 +96,160 @@ class RescaleError(RuntimeError):
 
 class RescaleController:
     def __init__(
-        self, r, plan: JobPlan, fleet: Fleet, *, standby_timeout_s: float = 180.0,
+        self, store: JobStore, plan: JobPlan, fleet: Fleet, *, standby_timeout_s: float = 180.0,
         clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+        on_wait: Callable[[RescaleState], None] | None = None,
     ) -> None:
-        self.r = r
+        """`on_wait` sees the saved state at each of the controller's waits: a fault injector raises there to
+        kill the controller at a known point (the chaos command)."""
+        self.store = store
         self.plan = plan
-        self.keys = plan.keys
         self.fleet = fleet
         self.standby_timeout_s = standby_timeout_s
         self.clock = clock
         self.sleep = sleep
+        self.on_wait = on_wait
 
-    def current(self) -> dict | None:
-        raw = self.r.get(self.keys.rescale_current)
-        return json.loads(raw) if raw else None
+    def current(self) -> RescaleState | None:
+        return self.store.rescale_state()
 
-    def history(self) -> list[dict]:
-        return [json.loads(x) for x in self.r.lrange(self.keys.rescale_history, 0, -1)]
+    def history(self) -> list[RescaleRecord]:
+        return self.store.rescale_history()
 
     def parallelism(self) -> dict[str, int]:
         """Per chain head (a chain is deployed and rescaled as one)."""
-        return {op: read_assignment(self.r, self.keys, op).parallelism for op in self.plan.vertices}
+        return {op: self._assignment_in_force(op).parallelism for op in self.plan.vertices}
 
-    def rescale(self, op: str, parallelism: int, strategy: str | None = None) -> dict:
+    def rescale(self, op: str, parallelism: int, strategy: Strategy | str | None = None) -> RescaleRecord:
         """Carry a rescale through every phase; return its record (also appended to the history).
 
         An operator chained into another's workers rescales with its whole chain, named by its head."""
-        strategy = strategy or self.plan.spec.rescale.strategy
-        if strategy not in STRATEGIES:
-            raise RescaleError(f"unknown rescale strategy '{strategy}' (one of {', '.join(STRATEGIES)})")
+        try:
+            strategy = Strategy.parse(strategy or self.plan.spec.rescale.strategy)
+        except ValueError as e:
+            raise RescaleError(str(e)) from None
         op = self.plan.head(op)  # KeyError names an unknown operator before anything changes
         if parallelism < 1:
             raise RescaleError(f"parallelism of '{op}' must be >= 1, got {parallelism}")
         if self.current() is not None:
-            raise RescaleError(f"a rescale is in progress: {self.current()}")
-        old = read_assignment(self.r, self.keys, op)
-        state = {
-            "operator": op, "from": old.parallelism, "to": parallelism, "strategy": strategy,
-            "epoch": old.epoch + 1, "phase": PRESTAGE, "started_at": time.time(),
-        }
-        self._save(state)
+            raise RescaleError(f"a rescale is in progress: {self.current().as_dict()}")
+        old = self._assignment_in_force(op)
+        state = RescaleState(op, old.parallelism, parallelism, strategy, old.epoch + 1, Phase.PRESTAGE, time.time())
+        self.store.save_rescale(state)
         try:
             return self._advance(state, self.clock())
         except Exception:
-            if self.current()["phase"] == PRESTAGE:
+            if self.current().phase == Phase.PRESTAGE:
                 self.resume()  # nothing moved yet: leave the job as it was
             raise
 
-    def resume(self) -> dict | None:
+    def resume(self) -> RescaleRecord | None:
         """Finish or roll back a rescale that a previous controller left; None when there was none."""
         state = self.current()
         if state is None:
             return None
-        if state["phase"] == PRESTAGE:
-            if state["strategy"] == "all_at_once":
-                self.fleet.discard_standbys(state["operator"], state["epoch"])
-            if state["strategy"] in STEPWISE:
-                self.fleet.remove_instances(state["operator"], state["from"])
-            self.r.delete(*self._prestage_keys(state["operator"]), self.keys.rescale_current)
-            return {**state, "phase": "ROLLED_BACK"}
+        if state.phase == Phase.PRESTAGE:
+            if state.strategy == Strategy.ALL_AT_ONCE:
+                self.fleet.discard_standbys(state.operator, state.epoch)
+            if state.strategy.stepwise:
+                self.fleet.remove_instances(state.operator, state.from_parallelism)
+            self.store.drop_rescale(state.operator)
+            return RescaleRecord.of(state, pause_ms=0.0, rolled_back=True)
         return self._advance(state, self.clock())
 
     # --- phases ------------------------------------------------------------------
 
-    def _advance(self, state: dict, started: float) -> dict:
-        record = (self._stepwise if state["strategy"] in STEPWISE else self._revoking)(state, started)
-        record["rescale_s"] = round(self.clock() - started, 3)
-        pipe = self.r.pipeline()
-        pipe.rpush(self.keys.rescale_history, json.dumps(record))
-        pipe.delete(self.keys.rescale_current)
-        pipe.execute()
+    def _advance(self, state: RescaleState, started: float) -> RescaleRecord:
+        state, pause_ms = (self._stepwise if state.strategy.stepwise else self._revoking)(state, started)
+        record = RescaleRecord.of(state, pause_ms, round(self.clock() - started, 3))
+        self.store.end_rescale(record)
         return record
 
-    def _revoking(self, state: dict, started: float) -> dict:
+    def _revoking(self, state: RescaleState, started: float) -> tuple[RescaleState, float]:
         """all_at_once / restart: the old instances stop, then the new assignment takes effect at once."""
-        op, n, epoch = state["operator"], state["to"], state["epoch"]
+        op, n, epoch = state.operator, state.to_parallelism, state.epoch
         paused = None
-        if state["phase"] == PRESTAGE:
-            if state["strategy"] == "all_at_once":
-                self.r.delete(*self._prestage_keys(op))
-                write_assignment(self.r, self.keys, op, self._assignment(op, n, epoch), upcoming=True)
+        if state.phase == Phase.PRESTAGE:
+            if state.strategy == Strategy.ALL_AT_ONCE:
+                self.store.clear_prestage(op)
+                self.store.publish_upcoming(op, self._assignment(op, n, epoch))
                 self.fleet.start_standbys(op, n, epoch)
                 self._wait_standbys(op, n, epoch)
-            state = self._save({**state, "phase": HANDOVER})
-        if state["phase"] == HANDOVER:
+            state = self._save(state.at(Phase.HANDOVER))
+        if state.phase == Phase.HANDOVER:
             paused = self.clock()
-            if state["strategy"] == "restart":
+            if state.strategy == Strategy.RESTART:
                 self.fleet.stop_job()
             else:
                 self.fleet.stop_old(op, epoch)
-            old = read_assignment(self.r, self.keys, op)
+            old = self._assignment_in_force(op)
+            moved = state.moved_key_groups
             if old.epoch < epoch:  # a resumed HANDOVER may have switched already
                 new = self._assignment(op, n, epoch)
-                write_assignment(self.r, self.keys, op, new)
-                state = {**state, "moved_key_groups": len(moves(old, new))}
-            state = self._save({**state, "phase": RETIRE})
-        if state["phase"] == RETIRE:
-            if state["strategy"] == "restart":
+                self.store.write_assignment(op, new)
+                moved = len(moves(old, new))
+            state = self._save(state.at(Phase.RETIRE, moved_key_groups=moved))
+        if state.phase == Phase.RETIRE:
+            if state.strategy == Strategy.RESTART:
                 self.fleet.start_job(self.parallelism())
             else:
                 self.fleet.adopt(op, n, epoch)
-                self.r.delete(*self._prestage_keys(op))
-        done = self.clock()
-        record = {k: v for k, v in state.items() if k not in ("phase", "started_at")}
-        record["pause_ms"] = round((done - (paused if paused is not None else started)) * 1000, 1)
-        return record
+                self.store.clear_prestage(op)
+        return state, round((self.clock() - (paused if paused is not None else started)) * 1000, 1)
 
-    def _stepwise(self, state: dict, started: float) -> dict:
+    def _stepwise(self, state: RescaleState, started: float) -> tuple[RescaleState, float]:
         """fluid / batched: key groups move a step at a time while every instance keeps running."""
-        op, n, epoch = state["operator"], state["to"], state["epoch"]
-        if state["phase"] == PRESTAGE:
-            self.fleet.add_instances(op, max(n, state["from"]))
-            state = self._save({**state, "phase": HANDOVER})
+        op, n, epoch = state.operator, state.to_parallelism, state.epoch
+        if state.phase == Phase.PRESTAGE:
+            self.fleet.add_instances(op, max(n, state.from_parallelism))
+            state = self._save(state.at(Phase.HANDOVER))
         step_ms = []
-        if state["phase"] == HANDOVER:
-            old, new = read_assignment(self.r, self.keys, op), self._assignment(op, n, epoch)
+        if state.phase == Phase.HANDOVER:
+            old, new = self._assignment_in_force(op), self._assignment(op, n, epoch)
             if old.epoch < epoch:  # a resumed HANDOVER may have switched already
-                size = 1 if state["strategy"] == "fluid" else self.plan.spec.rescale.batch_key_groups
+                size = 1 if state.strategy == Strategy.FLUID else self.plan.spec.rescale.batch_key_groups
                 moved = moves(old, new)
                 for step in handover.steps(moved, size):
-                    if not handover.completed(self.r, self.plan, op, step):
+                    if not handover.completed(self.store, op, step):
                         self._after_window_end(op, step)
                     begun = self.clock()
-                    if not handover.completed(self.r, self.plan, op, step):
-                        at_commit = handover.start(self.r, self.plan, op, step)
+                    if not handover.completed(self.store, op, step):
+                        at_commit = handover.start(self.store, self.plan, op, step)
                         if at_commit:  # saved, so the record counts the steps of a controller that died too
-                            state = self._save({**state, "released_at_commit":
-                                                state.get("released_at_commit", 0) + len(at_commit)})
+                            state = self._save(state.at(Phase.HANDOVER,
+                                                        released_at_commit=state.released_at_commit + len(at_commit)))
                         self._wait_step(op, step)
                     step_ms.append(round((self.clock() - begun) * 1000, 1))
-                handover.finish(self.r, self.plan, op, new)
-                state = {**state, "moved_key_groups": len(moved), "steps": len(step_ms)}
-            state = self._save({**state, "phase": RETIRE})
-        if state["phase"] == RETIRE:
+                handover.finish(self.store, op, new)
+                state = state.at(Phase.HANDOVER, moved_key_groups=len(moved), steps=len(step_ms))
+            state = self._save(state.at(Phase.RETIRE))
+        if state.phase == Phase.RETIRE:
             self.fleet.remove_instances(op, n)
-        record = {k: v for k, v in state.items() if k not in ("phase", "started_at")}
         # Nothing stops: the longest wait of a moved key group is about its step's duration.
-        record["pause_ms"] = max(step_ms, default=0.0)
-        return record
+        return state, max(step_ms, default=0.0)
 
     def _after_window_end(self, op: str, step) -> None:
         """Until the step's key groups committed the firing of their next window (at most two windows)."""
         window = handover.window_steps(self.plan, op)
         if window is None:
             return
-        first = handover.committed_window(self.r, self.plan, op, step, window)
+        first = handover.committed_window(self.store, self.plan, op, step, window)
         deadline = self.clock() + 2 * window[0] / 1000
         while first is not None and self.clock() < deadline:
-            if handover.committed_window(self.r, self.plan, op, step, window) > first:
+            if handover.committed_window(self.store, self.plan, op, step, window) > first:
                 return
-            self.sleep(0.01)
+            self._wait(0.01)
 
     def _wait_step(self, op: str, step) -> None:
         deadline = self.clock() + self.standby_timeout_s
-        while not handover.completed(self.r, self.plan, op, step):
+        while not handover.completed(self.store, op, step):
             if self.clock() > deadline:
                 raise RescaleError(f"key groups {[m.key_group for m in step]} of '{op}' not handed over after "
                                    f"{self.standby_timeout_s:.0f} s")
-            self.sleep(0.02)
+            self._wait(0.02)
+
+    def _assignment_in_force(self, op: str) -> Assignment:
+        return self.store.assignment(op) or self.plan.initial_assignment(op)
 
     def _assignment(self, op: str, parallelism: int, epoch: int) -> Assignment:
         key_groups = self.plan.key_groups(op)
@@ -270,20 +262,22 @@ class RescaleController:
         bound = self.plan.spec.rescale.prestage_max_lag
         deadline = self.clock() + self.standby_timeout_s
         while True:
-            ready = {i for i, e in self.r.hgetall(self.keys.standby(op)).items() if int(e) == epoch}
-            lag = {i: int(n) for i, n in self.r.hgetall(self.keys.standby_lag(op)).items()}
-            behind = {i for i in ready if lag.get(i, 0) > bound}
+            standbys = self.store.standbys(op)
+            ready = [s for s in standbys if s.epoch == epoch]
+            behind = [s for s in ready if (s.lag or 0) > bound]
             if len(ready) >= count and not behind:
                 return
             if self.clock() > deadline:
                 raise RescaleError(f"{count - len(ready)} standby instance(s) of '{op}' not ready and "
                                    f"{len(behind)} more than {bound} changelog entries behind "
                                    f"after {self.standby_timeout_s:.0f} s")
-            self.sleep(0.1)
+            self._wait(0.1)
 
-    def _prestage_keys(self, op: str) -> tuple[str, ...]:
-        return self.keys.standby(op), self.keys.standby_lag(op), self.keys.next_assignment(op)
+    def _wait(self, seconds: float) -> None:
+        if self.on_wait is not None:
+            self.on_wait(self.store.rescale_state())
+        self.sleep(seconds)
 
-    def _save(self, state: dict) -> dict:
-        self.r.set(self.keys.rescale_current, json.dumps(state))
+    def _save(self, state: RescaleState) -> RescaleState:
+        self.store.save_rescale(state)
         return state

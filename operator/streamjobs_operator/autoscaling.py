@@ -12,8 +12,8 @@ import json
 import time
 from collections.abc import Callable
 
-from streamjobs_core.layout import JobKeys
-from streamjobs_core.plan import JobPlan, read_assignment
+from streamjobs_core.jobstore import RedisJobStore
+from streamjobs_core.plan import JobPlan
 from streamjobs_core.spec import StreamJob
 
 from .kube import Kube
@@ -37,24 +37,23 @@ class SpecScaler:
     def __init__(self, kube: Kube, owner: Owner, job: StreamJob, r, timeout_s: float = 600.0,
                  sleep: Callable[[float], None] = time.sleep) -> None:
         self.kube, self.owner, self.job, self.r = kube, owner, job, r
-        self.keys = JobKeys(owner.name)
+        self.jobs = RedisJobStore(r, owner.name)
         self.timeout_s = timeout_s
         self.sleep = sleep
 
     def parallelism(self) -> dict[str, int]:
         plan = JobPlan(self.job, 0)
-        return {op: read_assignment(self.r, self.keys, op).parallelism for op in plan.vertices}
+        return {op: self.jobs.assignment(op).parallelism for op in plan.vertices}
 
-    def rescale(self, op: str, parallelism: int) -> dict:
-        seen = self.r.llen(self.keys.rescale_history)
+    def rescale(self, op: str, parallelism: int) -> None:
+        seen = len(self.jobs.rescale_history())
         self.kube.patch_json("streamjobs", self.owner.namespace, self.owner.name,
                              parallelism_patch(self.job, op, parallelism))
         deadline = time.monotonic() + self.timeout_s
         while True:
-            for raw in self.r.lrange(self.keys.rescale_history, seen, -1):
-                record = json.loads(raw)
-                if record.get("operator") == op and record.get("to") == parallelism:
-                    return record
+            if any(record.operator == op and record.to_parallelism == parallelism
+                   for record in self.jobs.rescale_history(seen)):
+                return
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the operator did not rescale '{op}' to {parallelism} in {self.timeout_s:.0f} s")
             self.sleep(0.5)

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from streamjobs_core.layout import JobKeys
+from streamjobs_core.jobstore import RedisJobStore
 from streamjobs_core.loading import SpecError, parse_job
 from streamjobs_core.plan import JobPlan
 from streamjobs_core.rescale import RescaleController, progress
@@ -116,7 +116,8 @@ def deploy(ctx: JobContext, body: Any) -> str:
             for name in sources:
                 _ensure_operator(ctx, fleet, name, assigned[name])
             return status.RUNNING
-        wanted = {f"{op}/{i}" for op, (_, n) in assigned.items() if op not in sources for i in range(n)}
+        # Workers register as their chain's head: a chained member has no instances of its own.
+        wanted = {f"{op}/{i}" for op in plan.vertices if op not in sources for i in range(assigned[op][1])}
         missing = wanted - store.registered(r, owner.name)
         if missing:
             raise NotReady(f"waiting for {len(missing)} stage and sink workers to warm up: {', '.join(sorted(missing))}")
@@ -182,7 +183,7 @@ def rescale(ctx: JobContext, report: Callable[[str, dict], None] = lambda reason
         controller = _controller(r, plan, fleet)
         resumed = controller.resume()
         if resumed is not None:
-            report("RescaleResumed", resumed)
+            report("RescaleResumed", resumed.as_dict())
         for op in plan.vertices:  # a chain rescales as one: its head's parallelism is the chain's
             desired = job.spec.operator(op).parallelism
             epoch, current = store.assignments(r, plan)[op]
@@ -194,8 +195,8 @@ def rescale(ctx: JobContext, report: Callable[[str, dict], None] = lambda reason
             report("RescaleStarted", progress)
             ctx.status.phase(status.RESCALING, f"rescaling {op} from {current} to {desired}")
             record = controller.rescale(op, desired, job.spec.rescale.strategy)
-            ctx.status.patch(lastRescale=record)
-            report("Rescaled", record)
+            ctx.status.patch(lastRescale=record.as_dict())
+            report("Rescaled", record.as_dict())
         ctx.status.rescale(None)
     return status.RUNNING
 
@@ -206,11 +207,12 @@ def resume_rescale(ctx: JobContext) -> dict | None:
         plan = store.read_plan(r, ctx.owner.name)
         if plan is None:
             return None
-        return _controller(r, plan, ctx.fleet()).resume()
+        record = _controller(r, plan, ctx.fleet()).resume()
+        return None if record is None else record.as_dict()
 
 
 def _controller(r, plan: JobPlan, fleet: KubernetesFleet) -> RescaleController:
-    return RescaleController(r, plan, fleet, standby_timeout_s=fleet.timeout_s)
+    return RescaleController(RedisJobStore(r, plan.name), plan, fleet, standby_timeout_s=fleet.timeout_s)
 
 
 def cleanup(owner: Owner, body: Any, kube: Kube, timeout_s: float) -> int:
@@ -229,7 +231,7 @@ def cleanup(owner: Owner, body: Any, kube: Kube, timeout_s: float) -> int:
     target = RedisTarget.from_annotation(raw)
     r = store.open_redis(kube, owner.namespace, target)
     try:
-        return store.clear(r, JobKeys(owner.name))
+        return store.clear(r, owner.name)
     finally:
         r.close()
 
@@ -250,7 +252,7 @@ def refresh_status(ctx: JobContext, last_flow: tuple[float, int] | None = None) 
         plan = store.read_plan(r, ctx.owner.name)
         if plan is not None:
             assigned = store.assignments(r, plan)
-            in_progress = progress(r, plan.keys)
+            in_progress = progress(RedisJobStore(r, plan.name))
             emitted, lag = store.flow(r, plan)
             reading = (time.monotonic(), emitted)
     ctx.status.rescale(in_progress)

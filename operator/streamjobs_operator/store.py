@@ -9,8 +9,9 @@ from pathlib import Path
 from urllib.parse import quote
 
 from streamjobs_core.connect import connect
-from streamjobs_core.layout import JobKeys
-from streamjobs_core.plan import JobPlan, edge_totals, read_assignment, write_assignment
+from streamjobs_core.control import InstanceAddress
+from streamjobs_core.jobstore import RedisJobStore
+from streamjobs_core.plan import JobPlan, edge_totals
 from streamjobs_core.spec import StreamJob
 
 from .config import Settings
@@ -50,11 +51,6 @@ def _ca_file(pem: str) -> str:
     return str(path)
 
 
-def _owner_key(keys: JobKeys) -> str:
-    # Under the job's prefix, so the finalizer's sweep of JobKeys.pattern removes it too.
-    return f"{keys.prefix}:k8s-owner"
-
-
 def deploy(r, job: StreamJob, uid: str) -> bool:
     """Write the plan and every operator's first assignment, once per StreamJob object.
 
@@ -63,36 +59,26 @@ def deploy(r, job: StreamJob, uid: str) -> bool:
     that finds it does nothing. Keys of an earlier object of the same name (its
     finalizer did not run) are cleared first. Returns whether it wrote anything.
     """
-    keys = JobKeys(job.metadata.name)
-    owner = r.get(_owner_key(keys))
-    if owner is not None and owner.decode() == uid:
+    jobs = RedisJobStore(r, job.metadata.name)
+    if jobs.deployed_by() == uid:
         return False
-    clear(r, keys)
-    plan = JobPlan(job, int(time.time() * 1000))
-    r.set(keys.plan, plan.to_json())
-    for op in plan.vertices:  # one assignment per chain, its head's (chaining.py)
-        write_assignment(r, keys, op, plan.initial_assignment(op))
-    r.set(_owner_key(keys), uid)
+    jobs.clear(keep_input=False)
+    jobs.deploy(JobPlan(job, int(time.time() * 1000)), owner=uid)
     return True
 
 
 def restamp_t0(r, job_name: str) -> JobPlan:
     """Fix the sources' event-time origin now, just before they start (as the local runtime does)."""
-    keys = JobKeys(job_name)
-    old = JobPlan.from_json(r.get(keys.plan))
-    plan = JobPlan(old.job, int(time.time() * 1000))
-    r.set(keys.plan, plan.to_json())
-    return plan
+    return RedisJobStore(r, job_name).restamp(int(time.time() * 1000))
 
 
 def read_plan(r, job_name: str) -> JobPlan | None:
-    raw = r.get(JobKeys(job_name).plan)
-    return JobPlan.from_json(raw) if raw is not None else None
+    return RedisJobStore(r, job_name).plan()
 
 
 def registered(r, job_name: str) -> set[str]:
     """`op/instance` of every worker that is ready to process (it registered its metrics endpoint)."""
-    return {k.decode() for k in r.hkeys(JobKeys(job_name).metrics_endpoints)}
+    return {InstanceAddress(op, i, "").field for op, i in RedisJobStore(r, job_name).registered()}
 
 
 def assignments(r, plan: JobPlan) -> dict[str, tuple[int, int]]:
@@ -100,7 +86,7 @@ def assignments(r, plan: JobPlan) -> dict[str, tuple[int, int]]:
     chain head's."""
     out = {}
     for op in plan.vertices:
-        assignment = read_assignment(r, plan.keys, op)
+        assignment = RedisJobStore(r, plan.name).assignment(op)
         if assignment is not None:
             for member in plan.chain(op).operators:
                 out[member] = (assignment.epoch, assignment.parallelism)
@@ -118,14 +104,6 @@ def flow(r, plan: JobPlan) -> tuple[int, int]:
     return emitted, sum(produced - consumed for produced, consumed in totals)
 
 
-def clear(r, keys: JobKeys) -> int:
-    deleted = 0
-    batch: list[bytes] = []
-    for key in r.scan_iter(match=keys.pattern, count=1000):
-        batch.append(key)
-        if len(batch) >= 500:
-            deleted += r.delete(*batch)
-            batch = []
-    if batch:
-        deleted += r.delete(*batch)
-    return deleted
+def clear(r, job_name: str) -> int:
+    """Everything of the job, its input streams too: the StreamJob is gone."""
+    return RedisJobStore(r, job_name).clear(keep_input=False)

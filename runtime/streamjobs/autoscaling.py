@@ -21,8 +21,8 @@ class LocalScaler:
     def parallelism(self) -> dict[str, int]:
         return dict(self.runtime.parallelism)
 
-    def rescale(self, op: str, parallelism: int) -> dict:
-        return self.runtime.rescale(op, parallelism)
+    def rescale(self, op: str, parallelism: int) -> None:
+        self.runtime.rescale(op, parallelism)
 
 
 class ConsoleEvents:
@@ -40,7 +40,7 @@ def local_autoscaler(runtime: LocalRuntime, console: Console) -> tuple[Autoscale
     if settings.metrics == "prometheus":
         collector = PrometheusCollector(settings.prometheus_url, runtime.job.metadata.name)
     else:
-        collector = EndpointCollector(runtime.r, runtime.keys)
+        collector = EndpointCollector(runtime.jobs)
     events = ConsoleEvents(console)
     log = RedisDecisionLog(runtime.r, runtime.keys.autoscaler_decisions, settings.history_size)
     return Autoscaler(Topology.of(runtime.plan), settings, collector, LocalScaler(runtime), log, events), events

@@ -10,15 +10,14 @@ death); the runtime's loop resumes the rescale with a fresh controller, as a res
 
 from __future__ import annotations
 
-import json
 import random
 import threading
 import time
 
 import redis
 from rich.console import Console
+from streamjobs_core.control import Phase, RescaleRequest, RescaleState
 from streamjobs_core.loading import parse_job
-from streamjobs_core.rescale import HANDOVER, PRESTAGE
 from streamjobs_core.spec import StreamJob
 
 from .redis_server import RedisServer
@@ -91,7 +90,7 @@ class Chaos:
     def __call__(self, runtime, elapsed: float) -> None:
         if self._thread is None:
             self.started = time.monotonic() - elapsed
-            self._die_in_handover(runtime)
+            runtime.rescale_fault = self._die_in_handover
             self._thread = threading.Thread(target=self._loop, args=(runtime,), daemon=True)
             self._thread.start()
 
@@ -105,8 +104,8 @@ class Chaos:
         recoveries = [f["recovered_s"] for f in self.faults]
         return {
             "kills": len(kills),
-            "kills_in_prestage": sum(f["phase"] == PRESTAGE for f in kills),
-            "kills_in_handover": sum(f["phase"] == HANDOVER for f in kills),
+            "kills_in_prestage": sum(f["phase"] == Phase.PRESTAGE for f in kills),
+            "kills_in_handover": sum(f["phase"] == Phase.HANDOVER for f in kills),
             "controller_restarts": self.controller_restarts,
             "redis_restarts": self.redis_restarts,
             "aof_fsync": AOF_FSYNC,
@@ -123,8 +122,8 @@ class Chaos:
             now = time.monotonic() - self.started
             try:
                 self._recoveries(runtime, now)
-                rescale = _rescale(runtime)
-                if (self.in_rescales and rescale is not None and rescale["phase"] in (PRESTAGE, HANDOVER)
+                rescale = runtime.jobs.rescale_state()
+                if (self.in_rescales and rescale is not None and rescale.phase in (Phase.PRESTAGE, Phase.HANDOVER)
                         and now >= self._next_rescale_kill):
                     if self._kill(runtime, now, rescale):
                         self.in_rescales -= 1
@@ -136,21 +135,22 @@ class Chaos:
                     if self._kill(runtime, now, rescale):
                         self.kill_at.pop(0)
                 elif not self.redis_restarts and now >= self.redis_at and (
-                        _rescale(runtime) is None or now >= self.redis_at + 15):  # mid-rescale, if it must
+                        runtime.jobs.rescale_state() is None or now >= self.redis_at + 15):  # mid-rescale if it must
                     self._restart_redis(now)
-                elif not self.controller_restarts and now >= self.controller_fault_by and _rescale(runtime) is None:
+                elif (not self.controller_restarts and now >= self.controller_fault_by
+                      and runtime.jobs.rescale_state() is None):
                     self._ask_for_a_rescale(runtime)
             except redis.ConnectionError:
                 continue  # Redis is down (restarting): the faults wait
             except Exception as exc:  # noqa: BLE001 - reported in the result, not lost with the thread
                 self.harness_errors.append(f"{type(exc).__name__}: {exc}")
 
-    def _kill(self, runtime, now: float, rescale: dict | None) -> bool:
+    def _kill(self, runtime, now: float, rescale: RescaleState | None) -> bool:
         """SIGKILL a random worker (while a rescale runs, one of its operator's); False if none was alive."""
-        phase = rescale["phase"] if rescale else None
+        phase = rescale.phase.value if rescale else None
         targets = [("worker", key, inst) for key, inst in list(runtime.instances.items())]
         if rescale is not None:  # some kills while a rescale prestages or hands over: aim at its operator
-            op = rescale["operator"]
+            op = rescale.operator
             targets = [t for t in targets if t[1][0] == op] + [
                 ("standby", key, inst) for key, inst in list(runtime.standbys.items()) if key[0] == op]
         alive = [t for t in targets if t[2].process.poll() is None]  # a dead one's restart is under way
@@ -171,31 +171,18 @@ class Chaos:
     def _ask_for_a_rescale(self, runtime) -> None:
         """The controller's death needs a rescale to die in; when the load brought none, ask for one."""
         now = runtime.parallelism[STAGE]
-        runtime.r.rpush(runtime.keys.rescale_requests,
-                        json.dumps({"operator": STAGE, "parallelism": now + 1 if now < 3 else now - 1}))
+        runtime.jobs.request_rescale(RescaleRequest(STAGE, now + 1 if now < 3 else now - 1))
         self.controller_fault_by += 20  # asked again if this one ends without the death (rolled back)
 
-    def _die_in_handover(self, runtime) -> None:
-        make = runtime.controller
-
-        def controller():
-            c = make()
-            wait = c.sleep
-
-            def sleep(seconds: float) -> None:
-                state = c.current() if not self.controller_restarts else None
-                if state is not None and state["phase"] == HANDOVER:
-                    self.controller_restarts += 1
-                    self.faults.append({"fault": "controller death", "t": round(time.monotonic() - self.started, 1),
-                                        "target": f"rescale of {state['operator']} {state['from']} -> {state['to']}",
-                                        "phase": HANDOVER, "recovered_s": None})
-                    raise ControllerDied("the rescale controller died mid-handover (injected)")
-                wait(seconds)
-
-            c.sleep = sleep
-            return c
-
-        runtime.controller = controller
+    def _die_in_handover(self, state: RescaleState | None) -> None:
+        """The runtime's rescale controller calls this at each of its waits: the first in HANDOVER is its death."""
+        if self.controller_restarts or state is None or state.phase != Phase.HANDOVER:
+            return
+        self.controller_restarts += 1
+        self.faults.append({"fault": "controller death", "t": round(time.monotonic() - self.started, 1),
+                            "target": f"rescale of {state.operator} {state.from_parallelism} -> {state.to_parallelism}",
+                            "phase": Phase.HANDOVER.value, "recovered_s": None})
+        raise ControllerDied("the rescale controller died mid-handover (injected)")
 
     def _recoveries(self, runtime, now: float) -> None:
         """A fault is recovered from when every instance runs and is registered again and no rescale is
@@ -206,15 +193,10 @@ class Chaos:
                 fault["recovered_s"] = round(now - fault["t"], 1)
 
 
-def _rescale(runtime) -> dict | None:
-    raw = runtime.r.get(runtime.keys.rescale_current)
-    return json.loads(raw) if raw else None
-
-
 def _whole(runtime) -> bool:
-    registered = {k.decode() for k in runtime.r.hkeys(runtime.keys.metrics_endpoints)}
-    return _rescale(runtime) is None and all(
-        inst.process.poll() is None and f"{op}/{i}" in registered for (op, i), inst in list(runtime.instances.items()))
+    registered = runtime.jobs.registered()
+    return runtime.jobs.rescale_state() is None and all(
+        inst.process.poll() is None and key in registered for key, inst in list(runtime.instances.items()))
 
 
 QUICK = (240.0, 20)

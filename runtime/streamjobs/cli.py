@@ -6,9 +6,11 @@ import argparse
 import json
 import sys
 
+from streamjobs_core.control import Strategy
 from streamjobs_core.crd import crd_yaml
 from streamjobs_core.loading import SpecError, load_job
-from streamjobs_core.rescale import STRATEGIES
+
+STRATEGIES = [s.value for s in Strategy]
 
 
 def _validate(args) -> int:
@@ -41,40 +43,37 @@ def _run(args) -> int:
 
 
 def _running_job(args):
-    """(client, keys, plan) of the job named by --job in --redis-url, or None after saying why."""
+    """(job store, plan) of the job named by --job in --redis-url, or None after saying why."""
     from streamjobs_core.connect import connect
-    from streamjobs_core.layout import JobKeys
-    from streamjobs_core.plan import JobPlan
+    from streamjobs_core.jobstore import RedisJobStore
 
-    r = connect(args.redis_url)
-    keys = JobKeys(args.job)
-    raw = r.get(keys.plan)
-    if raw is None:
+    store = RedisJobStore(connect(args.redis_url), args.job)
+    plan = store.plan()
+    if plan is None:
         print(f"--job: no job '{args.job}' in {args.redis_url}", file=sys.stderr)
         return None
-    return r, keys, JobPlan.from_json(raw)
+    return store, plan
 
 
 def _status(args) -> int:
-    from streamjobs_core.plan import read_assignment
+    from streamjobs_autoscaler.ports import RedisDecisionLog
     from streamjobs_core.rescale import progress
 
     found = _running_job(args)
     if found is None:
         return 1
-    r, keys, plan = found
+    store, plan = found
     out = {}
     for op in plan.spec.operators:
         head = plan.head(op.name)  # a chained operator runs in its chain head's workers
-        assignment = read_assignment(r, keys, head)
+        assignment = store.assignment(head)
         out[op.name] = {"parallelism": assignment.parallelism, "epoch": assignment.epoch} if assignment else None
         if out[op.name] is not None and head != op.name:
             out[op.name]["chained_to"] = head
-    pending = [json.loads(x) for x in r.lrange(keys.rescale_requests, 0, -1)]
-    history = [json.loads(x) for x in r.lrange(keys.rescale_history, 0, -1)]
-    current = progress(r, keys)
-    decisions = [json.loads(x) for x in r.lrange(keys.autoscaler_decisions, -5, -1)]
-    print(json.dumps({"job": args.job, "operators": out, "rescale_in_progress": current,
+    pending = [vars(request) for request in store.rescale_requests()]
+    history = [record.as_dict() for record in store.rescale_history()]
+    decisions = RedisDecisionLog(store.r, store.keys.autoscaler_decisions, 0).entries()[-5:]
+    print(json.dumps({"job": args.job, "operators": out, "rescale_in_progress": progress(store),
                       "rescales_pending": pending, "rescales": history,
                       "autoscaler": {"policy": plan.spec.autoscaler.policy, "last_decisions": decisions}}, indent=2))
     return 0
@@ -86,7 +85,9 @@ def _rescale(args) -> int:
     found = _running_job(args)
     if found is None:
         return 1
-    r, keys, plan = found
+    from streamjobs_core.control import RescaleRequest
+
+    store, plan = found
     spec = plan.spec
     names = [op.name for op in spec.operators]
     if args.operator not in names:
@@ -95,19 +96,18 @@ def _rescale(args) -> int:
     if not 1 <= args.parallelism <= spec.max_parallelism:
         print(f"--parallelism: must be in [1, {spec.max_parallelism}] (maxParallelism)", file=sys.stderr)
         return 2
-    before = r.llen(keys.rescale_history)
-    strategy = args.strategy or spec.rescale.strategy
+    before = len(store.rescale_history())
+    strategy = Strategy(args.strategy or spec.rescale.strategy)
     if plan.head(args.operator) != args.operator:
         print(f"'{args.operator}' is chained to '{plan.head(args.operator)}': the chain rescales as one", file=sys.stderr)
-    request = {"operator": args.operator, "parallelism": args.parallelism, "strategy": strategy}
-    r.rpush(keys.rescale_requests, json.dumps(request))
+    store.request_rescale(RescaleRequest(args.operator, args.parallelism, strategy))
     deadline = time.monotonic() + args.wait
-    while r.llen(keys.rescale_history) <= before:
+    while not (done := store.rescale_history(before)):
         if time.monotonic() > deadline:
             print(f"requested; not done within {args.wait:.0f} s", file=sys.stderr)
             return 1
         time.sleep(0.2)
-    print(r.lindex(keys.rescale_history, before).decode())
+    print(done[0].encode())
     return 0
 
 

@@ -15,8 +15,7 @@ import kopf
 from streamjobs_autoscaler.autoscaler import Autoscaler
 from streamjobs_autoscaler.collect import EndpointCollector, PrometheusCollector
 from streamjobs_autoscaler.topology import Topology
-from streamjobs_core.layout import JobKeys
-from streamjobs_core.plan import JobPlan
+from streamjobs_core.jobstore import RedisJobStore
 from streamjobs_operator import status
 from streamjobs_operator.autoscaling import KopfEvents, SpecScaler, StatusDecisionLog
 from streamjobs_operator.handlers import RESOURCE
@@ -46,15 +45,15 @@ def autoscale(body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped, **_
 
 
 def _autoscaler(ctx: JobContext, r, body: kopf.Body) -> Autoscaler | None:
-    raw = r.get(JobKeys(ctx.owner.name).plan)
-    if raw is None:  # not deployed yet
+    jobs = RedisJobStore(r, ctx.owner.name)
+    plan = jobs.plan()
+    if plan is None:  # not deployed yet
         return None
-    plan = JobPlan.from_json(raw)
     settings = ctx.job.spec.autoscaler
     if settings.metrics == "prometheus":
         collector = PrometheusCollector(settings.prometheus_url, ctx.owner.name)
     else:
-        collector = EndpointCollector(r, plan.keys)
+        collector = EndpointCollector(jobs)
     return Autoscaler(
         Topology.of(plan), settings, collector, SpecScaler(ctx.kube, ctx.owner, ctx.job, r),
         StatusDecisionLog(ctx.kube, ctx.owner, settings.history_size), KopfEvents(body),

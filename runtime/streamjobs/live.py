@@ -9,6 +9,7 @@ import numpy as np
 import redis
 from rich.table import Table
 from streamjobs_autoscaler.collect import EndpointCollector, OperatorCounters
+from streamjobs_core.jobstore import RedisJobStore
 from streamjobs_core.layout import JobKeys
 from streamjobs_core.plan import JobPlan
 
@@ -32,7 +33,7 @@ class LiveView:
         self.r = r
         self.plan = plan
         self.parallelism = parallelism  # the runtime's, updated by rescales
-        self._collector = EndpointCollector(r, plan.keys)
+        self._collector = EndpointCollector(RedisJobStore(r, plan.name))
         self._previous: dict[str, OperatorCounters] = {}
         self._previous_time = time.monotonic()
         self.started = time.monotonic()

@@ -11,19 +11,20 @@ resumes from its last commit.
 from __future__ import annotations
 
 import ctypes
-import json
 import os
 import resource
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from streamjobs_core import spares
 from streamjobs_core.connect import connect
-from streamjobs_core.plan import JobPlan, write_assignment
+from streamjobs_core.control import InstanceAddress, Promotion, RescaleRecord, RescaleState, Strategy
+from streamjobs_core.jobstore import RedisJobStore
+from streamjobs_core.plan import JobPlan
 from streamjobs_core.rescale import RescaleController
 from streamjobs_core.spec import StreamJob
 
@@ -81,44 +82,30 @@ class LocalRuntime:
     total_restarts: int = 0  # instances come and go with rescales; their restarts still count
     parallelism: dict[str, int] = field(default_factory=dict)
     plan: JobPlan | None = None
+    # Sees the rescale's saved state at each wait of its controller: the chaos command's fault injector.
+    rescale_fault: Callable[[RescaleState], None] | None = None
 
     def __post_init__(self) -> None:
         self.r = connect(self.redis_url)
-        self.keys = JobPlan(self.job, 0).keys
+        self.jobs = RedisJobStore(self.r, self.job.metadata.name)
+        self.keys = self.jobs.keys
         self.log_dir.mkdir(parents=True, exist_ok=True)
 
     # --- start -----------------------------------------------------------------
 
     def start(self, ready_timeout_s: float = 120.0, prepare=None) -> None:
         """Deploy and start the job; `prepare(r, plan)` runs before any worker (benchmarks seed state)."""
-        self._clear_job_keys()
-        self._write_plan(int(time.time() * 1000))
+        self.jobs.clear(keep_input=True)  # producers may have written the input before this run started
+        self.plan = JobPlan(self.job, int(time.time() * 1000))
+        self.jobs.deploy(self.plan)
         # One set of workers per chain (chaining.py), named by its head.
         self.parallelism = {op: self.job.spec.operator(op).parallelism for op in self.plan.vertices}
-        for op in self.plan.vertices:
-            write_assignment(self.r, self.keys, op, self.plan.initial_assignment(op))
         if prepare is not None:
             prepare(self.r, self.plan)
-        self._start_all(ready_timeout_s, before_sources=lambda: self._write_plan(int(time.time() * 1000)),
-                        with_spares=True)
+        self._start_all(ready_timeout_s, before_sources=self._restamp, with_spares=True)
 
-    def _write_plan(self, t0_ms: int) -> None:
-        self.plan = JobPlan(self.job, t0_ms)
-        self.r.set(self.keys.plan, self.plan.to_json())
-
-    def _clear_job_keys(self) -> None:
-        """Reset what an earlier run of the job left (state, progress, outputs), never its input streams:
-        external producers may have written them before this run started."""
-        batch = []
-        for key in self.r.scan_iter(match=self.keys.pattern, count=1000):
-            if self.keys.is_input(key):
-                continue
-            batch.append(key)
-            if len(batch) >= 500:
-                self.r.delete(*batch)
-                batch = []
-        if batch:
-            self.r.delete(*batch)
+    def _restamp(self) -> None:
+        self.plan = self.jobs.restamp(int(time.time() * 1000))
 
     def _spawn(self, op: str, index: int) -> None:
         self.instances[(op, index)] = _Instance(op, index, self._start_instance(op, index))
@@ -127,7 +114,7 @@ class LocalRuntime:
         """Instance `index` of `op` (or its standby for `epoch`): a spare promoted, or a new process when there
         is none."""
         standby = () if epoch is None else ("--await-epoch", str(epoch))
-        return self._promote(op, spares.Promotion(index, epoch)) or self._popen(
+        return self._promote(op, Promotion(index, epoch)) or self._popen(
             f"{op}-{index}", op, "--instance", str(index), *standby)
 
     def _popen(self, log_name: str, op: str, *args: str, spare: bool = False) -> subprocess.Popen:
@@ -164,8 +151,9 @@ class LocalRuntime:
         """Wait until every spare has Spark up and its chain rehearsed."""
         deadline = time.monotonic() + timeout_s
         while True:
+            ready = {op: self.jobs.ready_spares(op) for op in self.spares}
             waiting = [f"{op}/{spare.name}" for op, pool in self.spares.items()
-                       for spare in pool if spare.name not in spares.ready_spares(self.r, self.keys, op)]
+                       for spare in pool if spare.name not in ready[op]]
             if not waiting:
                 return
             self.supervise()
@@ -173,7 +161,7 @@ class LocalRuntime:
                 raise TimeoutError(f"spares not warm: {waiting}; see logs in {self.log_dir}")
             time.sleep(0.2)
 
-    def _promote(self, op: str, promotion: spares.Promotion) -> subprocess.Popen | None:
+    def _promote(self, op: str, promotion: Promotion) -> subprocess.Popen | None:
         """The oldest live spare of `op`, told what it becomes and back at full priority; None if none is left."""
         pool = self.spares.get(op, [])
         while pool:
@@ -182,7 +170,7 @@ class LocalRuntime:
                 continue
             if _can_raise_priority():
                 _full_priority(spare.process.pid)
-            spares.promote(self.r, self.keys, op, spare.name, promotion)
+            self.jobs.promote(op, spare.name, promotion)
             self.promoted += 1
             return spare.process
         return None
@@ -190,14 +178,15 @@ class LocalRuntime:
     def wait_ready(self, instances: list[tuple[str, int]], timeout_s: float) -> None:
         """Wait until each instance registered its metrics endpoint (it does so once it can process)."""
         deadline = time.monotonic() + timeout_s
-        wanted = {f"{op}/{i}" for op, i in instances}
+        wanted = set(instances)
         while True:
-            registered = {k.decode() for k in self.r.hkeys(self.keys.metrics_endpoints)}
-            if wanted <= registered:
+            missing = wanted - set(self.jobs.registered())
+            if not missing:
                 return
             self.supervise()
             if time.monotonic() > deadline:
-                raise TimeoutError(f"workers not ready: {sorted(wanted - registered)}; see logs in {self.log_dir}")
+                names = sorted(InstanceAddress(op, i, "").field for op, i in missing)
+                raise TimeoutError(f"workers not ready: {names}; see logs in {self.log_dir}")
             time.sleep(0.2)
 
     # --- run -------------------------------------------------------------------
@@ -208,7 +197,7 @@ class LocalRuntime:
         for (op, index), inst in list(self.instances.items()):
             code = inst.process.poll()
             if code is not None and self.restart_workers:
-                self.r.hdel(self.keys.metrics_endpoints, f"{op}/{index}")
+                self.jobs.unregister(op, index)
                 self._spawn(op, index)
                 self.total_restarts += 1
                 restarted.append(f"{op}/{index} (exit {code})")
@@ -231,7 +220,7 @@ class LocalRuntime:
 
     def request_stop(self) -> None:
         """Sources stop at their next offset and send the end-of-stream watermark."""
-        self.r.hset(self.keys.control, "stop", "1")
+        self.jobs.request_stop()
 
     def drained(self) -> bool:
         for sink in self.job.spec.sinks:
@@ -253,25 +242,24 @@ class LocalRuntime:
 
     # --- rescale: the Fleet of the rescale controller, as processes -----------
 
-    def rescale(self, op: str, parallelism: int, strategy: str | None = None) -> dict:
+    def rescale(self, op: str, parallelism: int, strategy: Strategy | str | None = None) -> RescaleRecord:
         """Change an operator's parallelism while the job runs; return what it cost (see rescale.py)."""
         record = self.controller().rescale(op, parallelism, strategy)
-        self.parallelism[record["operator"]] = parallelism  # the chain's head, when `op` is chained
+        self.parallelism[record.operator] = parallelism  # the chain's head, when `op` is chained
         return record
 
-    def resume_rescale(self) -> dict | None:
+    def resume_rescale(self) -> RescaleRecord | None:
         """Finish (or roll back) a rescale whose controller died mid-way, as a restarted operator does."""
-        controller = self.controller()
-        if controller.current() is None:
-            return None
-        record = controller.resume()
-        self.parallelism[record["operator"]] = record["from" if record.get("phase") == "ROLLED_BACK" else "to"]
+        record = self.controller().resume()
+        if record is not None:
+            self.parallelism[record.operator] = record.parallelism
         return record
 
     def controller(self) -> RescaleController:
         # Waiting inside a rescale still supervises: an old owner or a standby that dies is restarted.
-        return RescaleController(self.r, self.plan, self, standby_timeout_s=self.ready_timeout_s,
-                                 sleep=lambda seconds: (self.supervise(), time.sleep(seconds)))
+        return RescaleController(self.jobs, self.plan, self, standby_timeout_s=self.ready_timeout_s,
+                                 sleep=lambda seconds: (self.supervise(), time.sleep(seconds)),
+                                 on_wait=self.rescale_fault)
 
     def start_standbys(self, op: str, parallelism: int, epoch: int) -> None:
         for i in range(parallelism):
@@ -312,9 +300,9 @@ class LocalRuntime:
     def _demote(self, op: str, index: int) -> None:
         """Instance `index` becomes a spare after its current batch, keeping its warm JVM (spares.py)."""
         process = self.instances.pop((op, index)).process
-        self.r.hdel(self.keys.metrics_endpoints, f"{op}/{index}")
+        self.jobs.unregister(op, index)
         name = self._spare_name()
-        spares.demote(self.r, self.keys, op, index, name)
+        self.jobs.demote(op, index, name)
         process.send_signal(signal.SIGUSR1)
         self.spares.setdefault(op, []).append(_Spare(name, process))
 
@@ -342,12 +330,11 @@ class LocalRuntime:
             if with_spares and group is first:
                 self._wait_spares(ready_timeout_s)
 
-    def handle_requests(self) -> list[dict]:
-        """Carry out rescales asked for by `streamjobs rescale` (through Redis)."""
+    def handle_requests(self) -> list[RescaleRecord]:
+        """Carry out rescales asked for by `streamjobs rescale` (through the job store)."""
         done = []
-        while (raw := self.r.lpop(self.keys.rescale_requests)) is not None:
-            request = json.loads(raw)
-            done.append(self.rescale(request["operator"], request["parallelism"], request.get("strategy")))
+        while (request := self.jobs.next_rescale_request()) is not None:
+            done.append(self.rescale(request.operator, request.parallelism, request.strategy))
         return done
 
     # --- stop ------------------------------------------------------------------
@@ -365,7 +352,7 @@ class LocalRuntime:
             except subprocess.TimeoutExpired:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
-            self.r.hdel(self.keys.metrics_endpoints, f"{key[0]}/{key[1]}")
+            self.jobs.unregister(*key)
 
     def shutdown(self, timeout_s: float = 15.0) -> None:
         self._stop(list(self.instances), timeout_s)

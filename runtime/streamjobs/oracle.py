@@ -21,6 +21,7 @@ import redis
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from streamjobs_core import ddl, generators, shedding
+from streamjobs_core.jobstore import RedisJobStore
 from streamjobs_core.plan import JobPlan
 from streamjobs_worker import external
 from streamjobs_worker.stages import load_function, view_name
@@ -37,8 +38,9 @@ def source_input(r: redis.Redis, plan: JobPlan, op: str):
     if spec.type == "redis_stream":
         return external_input(r, plan, op)
     count = plan.key_groups(op)
-    offsets = r.hgetall(plan.keys.offsets(op))
-    parts = [generators.global_indices(p, count, 0, int(offsets.get(f"p{p}".encode(), 0))) for p in range(count)]
+    committed = RedisJobStore(r, plan.name).partitions(op, range(count))
+    parts = [generators.global_indices(p, count, 0, int(progress.cursor) if progress else 0)
+             for p, (progress, _) in committed.items()]
     indices = np.sort(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
     if spec.load_shedding is not None:
         indices = np.setdiff1d(indices, shed_indices(r, plan, op), assume_unique=True)
@@ -51,7 +53,7 @@ def external_input(r: redis.Redis, plan: JobPlan, op: str) -> pa.Table:
     records it shed. Unverifiable when the source's retention trimmed entries that the run consumed."""
     spec = plan.spec.operator(op)
     keys = plan.keys
-    offsets = {k.decode(): v for k, v in r.hgetall(keys.offsets(op)).items()}
+    committed = RedisJobStore(r, plan.name).partitions(op, range(spec.partitions))
     decoder = external.Decoder(spec)
     shed = shedding.shed_ids(r, keys.shed, op) if spec.load_shedding is not None else set()
     total_shed = int(r.hget(keys.shed_totals, op) or 0)
@@ -59,11 +61,11 @@ def external_input(r: redis.Redis, plan: JobPlan, op: str) -> pa.Table:
         raise Unverifiable(f"{op}: the shed log names {len(shed)} of the {total_shed} records shed (trimmed)")
     tables = []
     for p in range(spec.partitions):
-        cursor = offsets.get(f"p{p}")
-        if cursor is None:
+        progress = committed[p][0]
+        if progress is None:
             continue  # never consumed from
-        entries = _entries_up_to(r, keys.input_stream(op, p), cursor)
-        consumed = int(offsets[f"e{p}"]) - int(offsets[f"s{p}"])
+        entries = _entries_up_to(r, keys.input_stream(op, p), progress.cursor)
+        consumed = progress.position - progress.start
         if len(entries) != consumed:
             raise Unverifiable(
                 f"{op}: input stream {p} holds {len(entries)} of the {consumed} entries the run consumed; the "

@@ -81,7 +81,7 @@ def run_job(
             "dead_letters": int(runtime.r.xlen(runtime.keys.dead_letter)),
             "dead_letters_by_operator": reporting.dead_letter_counts(runtime.r, runtime.plan),
             "shed": {op.decode(): int(n) for op, n in runtime.r.hgetall(runtime.keys.shed_totals).items()},
-            "rescales": [json.loads(x) for x in runtime.r.lrange(runtime.keys.rescale_history, 0, -1)],
+            "rescales": [record.as_dict() for record in runtime.jobs.rescale_history()],
             "autoscaler": {
                 "policy": job.spec.autoscaler.policy,
                 "decisions": autoscaler.log.entries(),
@@ -138,8 +138,8 @@ def _tick(runtime, console, autoscaler) -> bool:
     _resume_rescale(runtime, console)
     try:
         for record in runtime.handle_requests():
-            console.print(f"rescaled {record['operator']} {record['from']} -> {record['to']} "
-                          f"({record['strategy']}): pause {record['pause_ms']:.0f} ms")
+            console.print(f"rescaled {record.operator} {record.from_parallelism} -> {record.to_parallelism} "
+                          f"({record.strategy}): pause {record.pause_ms:.0f} ms")
     except redis.ConnectionError:
         raise
     except Exception as exc:  # noqa: BLE001 - what it left in Redis is resumed or rolled back next tick
@@ -151,8 +151,9 @@ def _tick(runtime, console, autoscaler) -> bool:
 def _resume_rescale(runtime, console) -> None:
     resumed = runtime.resume_rescale()
     if resumed is not None:
-        console.print(f"resumed the rescale a dead controller left: {resumed['operator']} "
-                      f"{resumed['from']} -> {resumed['to']} ({resumed.get('phase', 'done')})")
+        console.print(f"resumed the rescale a dead controller left: {resumed.operator} "
+                      f"{resumed.from_parallelism} -> {resumed.to_parallelism} "
+                      f"({'rolled back' if resumed.rolled_back else 'done'})")
 
 
 def _verify(runtime: LocalRuntime, drained: bool, logs: Path) -> dict:

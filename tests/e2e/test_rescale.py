@@ -10,6 +10,7 @@ import threading
 import time
 
 import redis
+from streamjobs_core.control import RescaleRecord
 
 from .conftest import ROOT, assert_exact, killer
 
@@ -18,14 +19,14 @@ def rescaler(plan: list[tuple[float, str, int, str]], settle_s: float = 6.0):
     """Run each rescale `delay` seconds after the previous one finished, stop the sources
     `settle_s` after the last: however long a rescale takes on a loaded machine."""
     pending = list(plan)
-    records: list[dict] = []
+    records: list[RescaleRecord] = []
     last = [0.0]
 
     def during(runtime, elapsed: float) -> None:
         if pending and elapsed - last[0] >= pending[0][0]:
             _, op, parallelism, strategy = pending.pop(0)
             records.append(runtime.rescale(op, parallelism, strategy))
-            last[0] = elapsed + records[-1]["rescale_s"]
+            last[0] = elapsed + records[-1].rescale_s
         elif not pending and elapsed - last[0] >= settle_s:
             runtime.request_stop()
 

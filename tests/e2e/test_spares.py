@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import signal
 
-import redis
 from rich.console import Console
-from streamjobs_core import spares
 from streamjobs_core.loading import load_job, parse_job
 
 from .conftest import ROOT, assert_exact
@@ -24,7 +22,6 @@ def _job():
 def test_spares_are_promoted_demoted_and_replace_a_killed_instance(redis_server, tmp_path):
     from streamjobs.run import run_job
 
-    r = redis.Redis.from_url(redis_server.url)
     seen: dict[str, object] = {}
 
     def pid(runtime, index: int) -> int:
@@ -35,7 +32,7 @@ def test_spares_are_promoted_demoted_and_replace_a_killed_instance(redis_server,
         step = seen.setdefault("step", 0)
         if step == 0 and elapsed >= 4:
             # Started with the job and warm before the sources began.
-            seen["ready_at_start"] = spares.ready_spares(r, runtime.keys, "count") == {pool[0].name}
+            seen["ready_at_start"] = runtime.jobs.ready_spares("count") == {pool[0].name}
             spare = pool[0].process.pid
             seen["scale_out"] = runtime.rescale("count", 2, "batched")
             seen["promoted_is_spare"] = pid(runtime, 1) == spare and not runtime.spares["count"]
@@ -43,12 +40,12 @@ def test_spares_are_promoted_demoted_and_replace_a_killed_instance(redis_server,
         elif step == 1 and elapsed >= 8:
             runtime.kill("count", 1, signal.SIGKILL)  # the promoted spare; the pool is empty, so a new process replaces it
             seen["step"] = 2
-        elif step == 2 and r.hexists(runtime.keys.metrics_endpoints, "count/1") and elapsed >= 12:
+        elif step == 2 and ("count", 1) in runtime.jobs.registered() and elapsed >= 12:
             demoted = pid(runtime, 1)
             seen["scale_in"] = runtime.rescale("count", 1, "batched")
             seen["demoted_is_spare"] = [s.process.pid for s in runtime.spares["count"]] == [demoted]
             seen["step"] = 3
-        elif step == 3 and spares.ready_spares(r, runtime.keys, "count") == {pool[0].name}:
+        elif step == 3 and runtime.jobs.ready_spares("count") == {pool[0].name}:
             seen["spare"] = pool[0].process.pid
             killed = runtime.instances[("count", 0)].process
             runtime.kill("count", 0, signal.SIGKILL)
@@ -64,6 +61,6 @@ def test_spares_are_promoted_demoted_and_replace_a_killed_instance(redis_server,
     assert seen["step"] == 4, seen
     assert seen["ready_at_start"] and seen["promoted_is_spare"], seen
     assert seen["demoted_is_spare"] and seen["replaced_by_spare"], seen
-    assert seen["scale_out"]["moved_key_groups"] == 6 and seen["scale_in"]["moved_key_groups"] == 6
+    assert seen["scale_out"].moved_key_groups == 6 and seen["scale_in"].moved_key_groups == 6
     assert report["spares_promoted"] == 2 and report["restarts"] == 2
     assert_exact(report)

@@ -3,24 +3,18 @@
 from __future__ import annotations
 
 import pytest
-from streamjobs_core.loading import parse_job
-from streamjobs_core.plan import JobPlan, write_assignment
+from streamjobs_core.jobstore import RedisJobStore
 
-JOB = {
-    "apiVersion": "streamjobs.dev/v1alpha1", "kind": "StreamJob", "metadata": {"name": "ctl"},
-    "spec": {
-        "maxParallelism": 12,
-        "sources": [{"name": "src", "type": "zipf"}],
-        "stages": [{"name": "agg", "type": "window_aggregate", "inputs": ["src"], "keyBy": "word", "parallelism": 2,
-                    "window": {"type": "tumbling", "sizeMs": 1000}, "aggregations": [{"function": "count", "as": "n"}]}],
-        "sinks": [{"name": "out", "type": "redis_stream", "inputs": ["agg"]}],
-    },
-}
+from ..jobs.control import control_plan
 
 
 @pytest.fixture
 def plan(r):
-    plan = JobPlan(parse_job(JOB), 0)
-    for op in plan.spec.operators:
-        write_assignment(r, plan.keys, op.name, plan.initial_assignment(op.name))
+    plan = control_plan()
+    RedisJobStore(r, plan.name).deploy(plan)
     return plan
+
+
+@pytest.fixture
+def jobs(r, plan) -> RedisJobStore:
+    return RedisJobStore(r, plan.name)

@@ -17,8 +17,9 @@ import pytest
 import redis
 from streamjobs_core import generators
 from streamjobs_core.codec import encode
+from streamjobs_core.jobstore import RedisJobStore
 from streamjobs_core.loading import parse_job
-from streamjobs_core.plan import JobPlan, write_assignment
+from streamjobs_core.plan import JobPlan
 from streamjobs_worker.sources import with_ingest_time
 from streamjobs_worker.worker import Worker
 
@@ -34,8 +35,7 @@ def test_source_stops_producing_over_the_lag_bound(r):
         },
     })
     plan = JobPlan(job, int(time.time() * 1000))
-    for op in job.spec.operators:
-        write_assignment(r, plan.keys, op.name, plan.initial_assignment(op.name))
+    RedisJobStore(r, plan.name).deploy(plan)
     source = Worker(r, plan, "words", 0)
     source.restore()
     deadline = time.monotonic() + 3
@@ -177,8 +177,7 @@ def slow_stage_run(redis_server, spark, tmp_path_factory) -> Run:
     baseline = r.info("memory")["used_memory"]
 
     plan = JobPlan(job, int(time.time() * 1000))
-    for op in job.spec.operators:
-        write_assignment(r, plan.keys, op.name, plan.initial_assignment(op.name))
+    RedisJobStore(r, plan.name).deploy(plan)
     workers = {op: Worker(clients[op], plan, op, 0) for op in clients}
     stop = threading.Event()
     errors: list[BaseException] = []

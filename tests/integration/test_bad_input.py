@@ -8,8 +8,9 @@ from __future__ import annotations
 import time
 
 import pytest
+from streamjobs_core.jobstore import RedisJobStore
 from streamjobs_core.loading import parse_job
-from streamjobs_core.plan import JobPlan, write_assignment
+from streamjobs_core.plan import JobPlan
 from streamjobs_worker.worker import Worker
 
 
@@ -26,8 +27,7 @@ def deploy(r, on_error: str) -> JobPlan:
         },
     })
     plan = JobPlan(job, int(time.time() * 1000))
-    for op in job.spec.operators:
-        write_assignment(r, plan.keys, op.name, plan.initial_assignment(op.name))
+    RedisJobStore(r, plan.name).deploy(plan)
     return plan
 
 

@@ -8,8 +8,9 @@ import time
 
 import pyarrow as pa
 from streamjobs_core.codec import decode, encode
+from streamjobs_core.jobstore import RedisJobStore
 from streamjobs_core.loading import parse_job
-from streamjobs_core.plan import JobPlan, write_assignment
+from streamjobs_core.plan import JobPlan
 from streamjobs_worker.worker import Worker
 
 
@@ -18,8 +19,7 @@ def deploy(r, stages, sinks, **spec) -> JobPlan:
         "maxParallelism": 4, "sources": [{"name": "words", "type": "zipf", "rate": {"recordsPerSecond": 200}}],
         "stages": stages, "sinks": sinks, **spec}})
     plan = JobPlan(job, int(time.time() * 1000))
-    for op in plan.vertices:
-        write_assignment(r, plan.keys, op, plan.initial_assignment(op))
+    RedisJobStore(r, plan.name).deploy(plan)
     return plan
 
 

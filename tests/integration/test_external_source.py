@@ -17,8 +17,10 @@ import pytest
 from streamjobs.local import LocalRuntime
 from streamjobs.oracle import verify
 from streamjobs_core.codec import encode_table
+from streamjobs_core.control import PartitionProgress
+from streamjobs_core.jobstore import RedisJobStore
 from streamjobs_core.loading import parse_job
-from streamjobs_core.plan import JobPlan, write_assignment
+from streamjobs_core.plan import JobPlan
 from streamjobs_worker.sources import RedisInputSource
 from streamjobs_worker.transaction import Fenced, Transaction
 from streamjobs_worker.worker import Worker
@@ -37,8 +39,7 @@ def job(name: str, partitions: int = 2, **source):
 
 def deploy(r, job_) -> JobPlan:
     plan = JobPlan(job_, int(time.time() * 1000))
-    for op in plan.vertices:
-        write_assignment(r, plan.keys, op, plan.initial_assignment(op))
+    RedisJobStore(r, plan.name).deploy(plan)
     return plan
 
 
@@ -54,11 +55,13 @@ def feed(r, keys, partitions: int, first: int, count: int) -> dict[int, bytes]:
 def run_until_drained(r, plan, workers, records: int, timeout_s: float = 20.0) -> None:
     """Step until the source committed all records fed, then stop it and step until the sink is done."""
     deadline = time.monotonic() + timeout_s
-    while sum(int(v) for f, v in r.hgetall(plan.keys.offsets("in")).items() if f.startswith(b"n")) < records:
+    jobs = RedisJobStore(r, plan.name)
+    partitions = range(plan.spec.operator("in").partitions)
+    while sum(p.records or 0 for p, _ in jobs.partitions("in", partitions).values() if p) < records:
         assert time.monotonic() < deadline, "the source did not consume its input"
         for worker in workers:
             worker.step()
-    r.hset(plan.keys.control, "stop", "1")
+    jobs.request_stop()
     while r.scard(plan.keys.done("out")) < 1:
         assert time.monotonic() < deadline, "the job did not drain"
         for worker in workers:
@@ -76,10 +79,13 @@ def test_input_written_before_the_start_arrives_once_typed_and_bad_values_are_de
     keys = runtime.keys
     ids = feed(r, keys, 2, 0, 300)
     r.xadd(keys.output_stream("out"), {"n": "-1"})  # an earlier run's output and progress
-    r.hset(keys.offsets("in"), "p0", "1-0")
-    runtime._clear_job_keys()  # as `streamjobs run` does before it deploys
+    txn = Transaction()
+    runtime.jobs.record_partitions(txn, "in", {0: PartitionProgress(b"1-0")})
+    commit(r, txn)
+    runtime.jobs.clear(keep_input=True)  # as `streamjobs run` does before it deploys
     assert [r.xlen(keys.input_stream("in", p)) for p in (0, 1)] == [150, 150]  # producers' input kept
-    assert not r.exists(keys.output_stream("out"), keys.offsets("in"))  # the earlier run's reset
+    assert not r.exists(keys.output_stream("out"))  # the earlier run's reset
+    assert runtime.jobs.partitions("in", [0]) == {0: (None, None)}
     time.sleep(0.3)  # the records wait in their streams: their latency counts from the XADD
 
     plan = deploy(r, job_)
@@ -138,26 +144,26 @@ def test_consumed_input_is_trimmed_when_the_retention_says_and_unconsumed_input_
     plan = deploy(r, job("keep", partitions=1, retention={"ms": 300}))
     stream = plan.keys.input_stream("in", 0)
     ids = feed(r, plan.keys, 1, 0, 500)
-    source = RedisInputSource(r, plan, "in", (0,))
+    source = RedisInputSource(r, RedisJobStore(r, plan.name), plan, "in", (0,))
     source.restore()
     now = time.time()
     table, _ = source.poll(200, now, False)
     txn = Transaction()
-    source.stage(txn)
+    source.add_progress(txn)
     commit(r, txn)
     assert not txn.trims and r.xlen(stream) == 500  # consumed, but committed less than 300 ms ago
     source.poll(100, now + 0.1, False)
     txn = Transaction()
-    source.stage(txn)
+    source.add_progress(txn)
     commit(r, txn)
     source.poll(100, now + 0.35, False)  # the first commit is now 350 ms old, the second 250 ms
     txn = Transaction()
-    source.stage(txn)
+    source.add_progress(txn)
     commit(r, txn)
     assert r.xrange(stream, count=1)[0][0] == ids[200]  # the first 200 trimmed, the next 200 not yet
     assert r.xlen(stream) == 300
 
-    restarted = RedisInputSource(r, plan, "in", (0,))  # resumes from the committed cursor
+    restarted = RedisInputSource(r, RedisJobStore(r, plan.name), plan, "in", (0,))  # resumes from the committed cursor
     restarted.restore()
     table, _ = restarted.poll(1_000, time.time(), False)
     assert table.column("n").to_pylist() == [n for n in range(400, 500) if n % BAD_EVERY]
@@ -167,7 +173,7 @@ def test_consumed_input_is_trimmed_when_the_retention_says_and_unconsumed_input_
 def test_ingest_time_and_event_time_are_the_entry_ids_time_and_idle_partitions_follow_redis_clock(r):
     plan = deploy(r, job("times"))
     ids = feed(r, plan.keys, 2, 1, 6)  # partition 1 gets 1, 3, 5; partition 0 gets 2, 4, 6
-    source = RedisInputSource(r, plan, "in", (0, 1))
+    source = RedisInputSource(r, RedisJobStore(r, plan.name), plan, "in", (0, 1))
     source.restore()
     table, watermark = source.poll(1_000, time.time(), False)
     id_ms = {n: int(entry_id.split(b"-")[0]) for n, entry_id in ids.items()}

@@ -6,8 +6,8 @@ from contextlib import contextmanager
 
 import pyarrow as pa
 import pytest
-from streamjobs_core.generators import MAX_WATERMARK
 from streamjobs_core.spec import PySparkStage, SqlStage, WindowAggregateStage
+from streamjobs_core.watermarks import MAX_WATERMARK
 from streamjobs_worker import poison, probes
 from streamjobs_worker.inputs import InputBatch
 from streamjobs_worker.stages import make_stage

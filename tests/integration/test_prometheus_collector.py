@@ -70,14 +70,14 @@ def test_prometheus_and_endpoints_agree(redis_server, r, prometheus, tmp_path):
     runtime = LocalRuntime(parse_job(JOB), redis_server.url, tmp_path / "logs")
     try:
         runtime.start()
-        targets = sorted(v.decode() for v in r.hvals(runtime.keys.metrics_endpoints))
+        targets = sorted(runtime.jobs.registered().values())
         url = prometheus(targets)
         _up(url, len(targets))
         time.sleep(3)  # a few scrapes with records in them
         # Prometheus may scrape between two reads, so its value is bracketed by a read before and one after.
-        before = EndpointCollector(r, runtime.keys).collect(0)
+        before = EndpointCollector(runtime.jobs).collect(0)
         through = PrometheusCollector(url, "prom").collect(0)
-        after = EndpointCollector(r, runtime.keys).collect(0)
+        after = EndpointCollector(runtime.jobs).collect(0)
     finally:
         runtime.shutdown()
     assert set(through.operators) == {"words", "out"}

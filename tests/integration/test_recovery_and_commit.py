@@ -6,10 +6,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 from streamjobs.bench.rescale import BALLAST_ROW_BYTES, STAGE, ballast, bench_job, state_bytes
-from streamjobs_core.generators import MAX_WATERMARK
+from streamjobs_core.jobstore import RedisJobStore
+from streamjobs_core.keygroups import Assignment
 from streamjobs_core.layout import JobKeys
 from streamjobs_core.plan import JobPlan
 from streamjobs_core.spec import WindowAggregateStage
+from streamjobs_core.watermarks import MAX_WATERMARK
 from streamjobs_worker import recovery
 from streamjobs_worker.inputs import InputBatch
 from streamjobs_worker.stages import WindowAggregate
@@ -21,8 +23,8 @@ KEYED = StateLayout(key="k")
 
 
 def checkpoint(r, instance=0):
-    incarnation = r.incr(KEYS.incarnation("op", instance))
-    return Checkpoint(r, KEYS, "op", instance, incarnation)
+    jobs = RedisJobStore(r, "t")
+    return Checkpoint(r, jobs, "op", instance, jobs.new_incarnation("op", instance))
 
 
 def commit_changes(cp, store):
@@ -208,10 +210,11 @@ def test_commit_is_atomic_and_fenced_by_a_newer_incarnation(r):
 
 
 def test_commit_is_fenced_by_a_new_assignment_epoch(r):
-    r.hset(KEYS.assignment("op"), "epoch", 1)
+    jobs = RedisJobStore(r, "t")
+    jobs.write_assignment("op", Assignment(1, (0,)))
     cp = checkpoint(r)
     cp.commit(Transaction(xadds=[("sj:{t}:x", {"a": "1"}, None)]))
-    r.hset(KEYS.assignment("op"), "epoch", 2)
+    jobs.write_assignment("op", Assignment(2, (0,)))  # a revoking rescale: a new generation
     with pytest.raises(Fenced):
         cp.commit(Transaction(xadds=[("sj:{t}:x", {"a": "2"}, None)]))
     assert r.xlen("sj:{t}:x") == 1

@@ -7,9 +7,9 @@ from collections import defaultdict
 import numpy as np
 import pyarrow as pa
 import pytest
-from streamjobs_core.generators import MAX_WATERMARK
 from streamjobs_core.keygroups import key_groups_of
 from streamjobs_core.spec import WindowAggregateStage
+from streamjobs_core.watermarks import MAX_WATERMARK
 from streamjobs_worker.inputs import InputBatch
 from streamjobs_worker.stages import WindowAggregate
 from streamjobs_worker.state import KeyGroupStore, open_store

@@ -125,15 +125,14 @@ def eventually(check: Callable[[], object], timeout_s: float = 60.0, message: st
 def assert_exact_after_stop(r, job: str, sink_instances: int, at_least: int, drain_s: float = 60.0) -> None:
     """Stop the sources, let the `sink_instances` sinks drain, and compare the wordcopy job's output with
     the source's committed input record by record: 0 lost, 0 duplicated."""
-    from streamjobs_core.layout import JobKeys
-    from streamjobs_core.plan import JobPlan
+    from streamjobs_core.jobstore import RedisJobStore
 
     from .jobs import committed_input, sink_output
 
-    keys = JobKeys(job)
-    r.hset(keys.control, "stop", "1")
-    eventually(lambda: r.scard(keys.done("copies")) >= sink_instances, drain_s, "sinks drained")
-    plan = JobPlan.from_json(r.get(keys.plan))
+    jobs = RedisJobStore(r, job)
+    jobs.request_stop()
+    eventually(lambda: r.scard(jobs.keys.done("copies")) >= sink_instances, drain_s, "sinks drained")
+    plan = jobs.plan()
     expected, actual = committed_input(r, plan, "words"), sink_output(r, plan, "copies")
     assert sum(expected.values()) > at_least
     assert (sum((expected - actual).values()), sum((actual - expected).values())) == (0, 0)

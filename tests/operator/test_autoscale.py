@@ -3,8 +3,7 @@ the spec is edited -> the operator rescales live -> Events and status tell why; 
 
 from __future__ import annotations
 
-from streamjobs_core.layout import JobKeys
-from streamjobs_core.plan import read_assignment
+from streamjobs_core.jobstore import RedisJobStore
 
 from .conftest import assert_exact_after_stop, events, eventually
 from .jobs import get, wordcopy
@@ -17,9 +16,9 @@ AUTOSCALER = {"policy": "reactive", "intervalS": 1, "metricsWindowS": 3, "stabil
 
 def test_the_autoscaler_daemon_rescales_the_job_live_and_explains_why(emulator, kube, kubelet, redis_client, job):
     job(wordcopy("autoscaled", sink_parallelism=1, sink_cost_us=10_000, autoscaler=AUTOSCALER))
-    keys = JobKeys("autoscaled")
-    eventually(lambda: read_assignment(redis_client, keys, "copies") is not None
-               and read_assignment(redis_client, keys, "copies").parallelism == 2, 180, "copies scaled to 2")
+    jobs = RedisJobStore(redis_client, "autoscaled")
+    keys = jobs.keys
+    eventually(lambda: (a := jobs.assignment("copies")) is not None and a.parallelism == 2, 180, "copies scaled to 2")
     assert get(kube, "autoscaled")["spec"]["sinks"][0]["parallelism"] == 2  # the decision went through the spec
     scaled = eventually(lambda: [e for e in events(emulator, "autoscaled") if e["reason"] == "ScaledUp"
                                  and e["message"].startswith("copies 1 -> 2")], 60, "a ScaledUp event for copies")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
+from streamjobs_core.jobstore import RedisJobStore
 from streamjobs_core.layout import JobKeys
-from streamjobs_core.plan import JobPlan, read_assignment
 from streamjobs_operator.resources import LABEL_JOB
 
 from .conftest import NAMESPACE, events, eventually, run_kubectl
@@ -51,9 +51,9 @@ def test_deploy_creates_owned_objects_and_the_plan_in_redis(emulator, kube, job,
         assert (ref["kind"], ref["name"], ref["uid"], ref["controller"]) == ("StreamJob", "deployed", uid, True)
 
     keys = JobKeys("deployed")
-    plan = JobPlan.from_json(redis_client.get(keys.plan))
+    plan = RedisJobStore(redis_client, "deployed").plan()
     assert json.loads(configmap["data"]["plan.json"]) == json.loads(plan.to_json())
-    assert read_assignment(redis_client, keys, "copies").parallelism == 2
+    assert RedisJobStore(redis_client, "deployed").assignment("copies").parallelism == 2
     # Real workers run: records reach the sink.
     eventually(lambda: redis_client.xlen(keys.output_stream("copies")) > 0, 60, "sink output")
     operators = eventually(lambda: (get(kube, "deployed")["status"].get("operators") or {}).get("copies"), 30)
@@ -67,7 +67,7 @@ def test_suspend_scales_to_zero_and_back_and_other_edits_are_refused(kube, job, 
     kube.patch("streamjobs", NAMESPACE, "pausing", {"spec": {"maxParallelism": 24}})
     error = eventually(lambda: get(kube, "pausing")["status"].get("error"), 30, "error in status")
     assert error.startswith("spec.maxParallelism: only parallelism and suspend can change")
-    assert JobPlan.from_json(redis_client.get(JobKeys("pausing").plan)).spec.max_parallelism == 12
+    assert RedisJobStore(redis_client, "pausing").plan().spec.max_parallelism == 12
     kube.patch("streamjobs", NAMESPACE, "pausing", {"spec": {"maxParallelism": 12}})
     eventually(lambda: not get(kube, "pausing")["status"].get("error"), 30, "error cleared")
 

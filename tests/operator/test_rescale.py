@@ -1,4 +1,5 @@
-"""A live rescale driven by the operator: a spec edit -> new StatefulSet of standbys -> handover -> old one gone.
+"""A live rescale driven by the operator: a spec edit -> new StatefulSet of standbys -> handover -> old one gone
+(all_at_once, a window stage on Spark), or more pods of the same StatefulSet taking key groups over (fluid).
 
 Real worker processes (started by the kubelet stand-in) carry the data; the
 result is checked record by record against the source's committed input.
@@ -8,14 +9,15 @@ from __future__ import annotations
 
 import json
 
+from streamjobs import oracle
+from streamjobs_core.jobstore import RedisJobStore
 from streamjobs_core.layout import JobKeys
-from streamjobs_core.plan import read_assignment
 from streamjobs_operator.autoscaling import SpecScaler, StatusDecisionLog
 from streamjobs_operator.reconcile import job_of
 from streamjobs_operator.resources import LABEL_JOB, Owner
 
 from .conftest import NAMESPACE, assert_exact_after_stop, events, eventually
-from .jobs import get, wordcopy
+from .jobs import get, window_counts, wordcopy
 
 
 def _statefulsets(kube, job: str) -> dict[str, dict]:
@@ -27,12 +29,21 @@ def _set_sink_parallelism(kube, doc: dict, parallelism: int) -> None:
     kube.patch("streamjobs", NAMESPACE, doc["metadata"]["name"], {"spec": {"sinks": sinks}})
 
 
-def test_parallelism_edit_rescales_live_with_exact_output(emulator, kube, kubelet, redis_client, job):
-    doc = wordcopy("elastic", sink_parallelism=1)
+def _set_stage_parallelism(kube, doc: dict, parallelism: int) -> None:
+    stages = [{**doc["spec"]["stages"][0], "parallelism": parallelism}]
+    kube.patch("streamjobs", NAMESPACE, doc["metadata"]["name"], {"spec": {"stages": stages}})
+
+
+def test_a_window_stage_in_pods_rescales_by_a_spec_edit_with_prestaged_state_and_exact_output(
+        emulator, kube, kubelet, redis_client, job, spark):
+    """What users apply: a stateful Spark stage in pods. A spec edit scales it 1 -> 3: a standby StatefulSet
+    for epoch 2 prestages the state of its key groups and takes over; the autoscaler's Scaler port then scales
+    it 3 -> 2 the same way. The windows counted equal a Spark batch computation over the committed input."""
+    doc = window_counts("elastic")
     body = job(doc)
-    keys = JobKeys("elastic")
-    out = keys.output_stream("copies")
-    eventually(lambda: redis_client.xlen(out) > 0, 90, "sink output")
+    jobs = RedisJobStore(redis_client, "elastic")
+    out = jobs.keys.output_stream("totals")
+    eventually(lambda: redis_client.xlen(out) > 0, 120, "window results")
     # `kubectl get sj` columns: the source offers 150 rec/s; what waits between operators is a count.
     flow = eventually(lambda: (s := get(kube, "elastic").get("status", {})).get("inputRate") and s, 30, "input rate")
     assert 50 < flow["inputRate"] < 450 and flow["lag"] >= 0
@@ -44,45 +55,50 @@ def test_parallelism_edit_rescales_live_with_exact_output(emulator, kube, kubele
             args = sts["spec"]["template"]["spec"]["containers"][0]["args"]
             if "--await-epoch" in args and args not in seen_standbys:
                 seen_standbys.append(args)
-        a = read_assignment(redis_client, keys, "copies")
+        a = jobs.assignment("counts")
         return a.epoch == epoch and a.parallelism == n
 
-    _set_sink_parallelism(kube, doc, 3)  # scale out
-    eventually(lambda: assigned(3, 2), 120, "copies at 3 instances, epoch 2")
-    eventually(lambda: set(_statefulsets(kube, "elastic")) == {"elastic-words-e1", "elastic-copies-e2"}, 60,
+    _set_stage_parallelism(kube, doc, 3)  # scale out
+    eventually(lambda: assigned(3, 2), 180, "counts at 3 instances, epoch 2")
+    eventually(lambda: set(_statefulsets(kube, "elastic")) == {"elastic-words-e1", "elastic-counts-e2"}, 60,
                "the old StatefulSet deleted")
     before = redis_client.xlen(out)
-    eventually(lambda: redis_client.xlen(out) > before, 60, "output after the scale-out")
+    eventually(lambda: redis_client.xlen(out) > before, 60, "results after the scale-out")
 
     # Scale in as the autoscaler does, through its Scaler port: an edit of the spec, then the record.
-    scaler = SpecScaler(kube, Owner.of(body), job_of(doc), redis_client, timeout_s=120)
-    record = scaler.rescale("copies", 2)
-    assert (record["from"], record["to"], record["epoch"]) == (3, 2, 3)
-    assert get(kube, "elastic")["spec"]["sinks"][0]["parallelism"] == 2
-    assert scaler.parallelism() == {"words": 1, "copies": 2} and assigned(2, 3)
+    scaler = SpecScaler(kube, Owner.of(body), job_of(doc), redis_client, timeout_s=180)
+    scaler.rescale("counts", 2)
+    record = jobs.rescale_history()[-1]
+    assert (record.from_parallelism, record.to_parallelism, record.epoch) == (3, 2, 3)
+    assert get(kube, "elastic")["spec"]["stages"][0]["parallelism"] == 2
+    assert scaler.parallelism() == {"words": 1, "counts": 2} and assigned(2, 3)
     decisions = StatusDecisionLog(kube, Owner.of(body), size=2)
     for n in range(3):
         decisions.append({"summary": f"decision {n}"})
     assert [d["summary"] for d in decisions.entries()] == ["decision 1", "decision 2"]
     assert get(kube, "elastic")["status"]["lastDecision"] == "decision 2"
-    eventually(lambda: set(_statefulsets(kube, "elastic")) == {"elastic-words-e1", "elastic-copies-e3"}, 60,
+    eventually(lambda: set(_statefulsets(kube, "elastic")) == {"elastic-words-e1", "elastic-counts-e3"}, 60,
                "the old StatefulSet deleted")
     wanted = {"desiredParallelism": 2, "currentParallelism": 2, "assignedParallelism": 2, "assignmentEpoch": 3}
-    eventually(lambda: get(kube, "elastic")["status"]["operators"]["copies"] == wanted, 30, "status of copies")
+    eventually(lambda: get(kube, "elastic")["status"]["operators"]["counts"] == wanted, 30, "status of counts")
+    assert get(kube, "elastic")["status"]["operators"]["totals"]["assignedParallelism"] == 2  # chained to counts
     assert get(kube, "elastic")["status"]["lastRescale"]["to"] == 2
     assert not get(kube, "elastic")["status"].get("rescaleInProgress")
-    assert ["--job", "elastic", "--operator", "copies", "--await-epoch", "2"] in seen_standbys
+    assert ["--job", "elastic", "--operator", "counts", "--await-epoch", "2"] in seen_standbys
     # Pods were added and removed, never deleted and recreated: each pod name started exactly once.
-    copies = [p for p in kubelet.started if p.startswith("elastic-copies-")]
-    assert sorted(copies) == sorted({*copies}) == [
-        "elastic-copies-e1-0", "elastic-copies-e2-0", "elastic-copies-e2-1", "elastic-copies-e2-2",
-        "elastic-copies-e3-0", "elastic-copies-e3-1"]
-
+    pods = [p for p in kubelet.started if p.startswith("elastic-counts-")]
+    assert sorted(pods) == sorted({*pods}) == [
+        "elastic-counts-e1-0", "elastic-counts-e2-0", "elastic-counts-e2-1", "elastic-counts-e2-2",
+        "elastic-counts-e3-0", "elastic-counts-e3-1"]
     rescaled = eventually(lambda: [json.loads(e["message"]) for e in events(emulator, "elastic")
                                    if e["reason"] == "Rescaled"], 30, "Rescaled events")
     assert sorted((r["from"], r["to"]) for r in rescaled) == [(1, 3), (3, 2)]
 
-    assert_exact_after_stop(redis_client, "elastic", sink_instances=2, at_least=1000)
+    jobs.request_stop()  # the sources send the end-of-stream watermark: every window fires, then the sinks finish
+    eventually(lambda: redis_client.scard(jobs.keys.done("totals")) >= 2, 90, "sinks drained")
+    verdict = oracle.verify(spark, redis_client, jobs.plan())
+    assert (verdict["correct"], verdict["lost"], verdict["duplicated"]) == (True, 0, 0), verdict
+    assert verdict["sinks"]["totals"]["expected"] > 100  # windows of several seconds of input
 
 
 def test_a_fluid_rescale_scales_the_statefulset_and_moves_key_groups_while_every_pod_runs(
@@ -96,7 +112,7 @@ def test_a_fluid_rescale_scales_the_statefulset_and_moves_key_groups_while_every
     eventually(lambda: redis_client.xlen(out) > 0, 90, "sink output")
 
     def assigned(n: int, epoch: int) -> bool:
-        a = read_assignment(redis_client, keys, "copies")
+        a = RedisJobStore(redis_client, "fluid").assignment("copies")
         return a.epoch == epoch and a.parallelism == n
 
     _set_sink_parallelism(kube, doc, 3)

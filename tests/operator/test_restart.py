@@ -7,7 +7,6 @@ spec's parallelism. The output stays exact.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -15,8 +14,8 @@ import sys
 import time
 
 import pytest
+from streamjobs_core.jobstore import RedisJobStore
 from streamjobs_core.layout import JobKeys
-from streamjobs_core.plan import read_assignment
 from streamjobs_operator.resources import LABEL_JOB
 
 from .conftest import NAMESPACE, assert_exact_after_stop, eventually
@@ -32,8 +31,8 @@ def _start_operator(emulator, redis_server, log) -> subprocess.Popen:
 
 
 def _phase(r, keys: JobKeys) -> str | None:
-    raw = r.get(keys.rescale_current)
-    return json.loads(raw)["phase"] if raw else None
+    state = RedisJobStore(r, keys.job).rescale_state()
+    return state.phase if state else None
 
 
 @pytest.fixture
@@ -74,10 +73,11 @@ def test_a_rescale_interrupted_by_an_operator_crash_is_resumed(emulator, kube, r
         assert _phase(redis_client, keys) in ("HANDOVER", "RETIRE"), "not killed in the middle of the handover"
 
         operator_processes()  # a new operator process: its handlers find the persisted rescale
-        eventually(lambda: redis_client.get(keys.rescale_current) is None
-                   and read_assignment(redis_client, keys, "copies").parallelism == 3, 120, "rescale finished")
+        jobs = RedisJobStore(redis_client, keys.job)
+        eventually(lambda: jobs.rescale_state() is None and jobs.assignment("copies").parallelism == 3, 120,
+                   "rescale finished")
         names = lambda: {s["metadata"]["name"] for s in kube.list("statefulsets", NAMESPACE, {LABEL_JOB: "survivor"})}
-        final = read_assignment(redis_client, keys, "copies").epoch
+        final = jobs.assignment("copies").epoch
         eventually(lambda: names() == {"survivor-words-e1", f"survivor-copies-e{final}"}, 60, "old StatefulSets gone")
         before = redis_client.xlen(keys.output_stream("copies"))
         eventually(lambda: redis_client.xlen(keys.output_stream("copies")) > before, 60, "output after the rescale")

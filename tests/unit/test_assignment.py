@@ -18,7 +18,7 @@ def test_every_instance_owns_key_groups_and_every_key_group_one_owner(mode, para
     assignment = getattr(Assignment, mode)(parallelism, 120)
     assert len(assignment.owners) == 120
     assert set(assignment.owners) == set(range(parallelism))
-    assert sum(len(assignment.key_groups_of(i)) for i in range(parallelism)) == 120
+    assert sum(len(assignment.owned_by(i)) for i in range(parallelism)) == 120
 
 
 @pytest.mark.parametrize("old,new", SCALINGS)

@@ -83,8 +83,8 @@ def test_assignment_ranges_agrees(max_parallelism: int, parallelism: int) -> Non
         flink_operator_index(kg, parallelism, max_parallelism) for kg in range(max_parallelism)
     ]
     for instance in sorted({0, parallelism // 2, parallelism - 1}):
-        assert assignment.key_groups_of(instance) == tuple(range_of_instance(instance, parallelism, max_parallelism))
-    assert assignment.key_groups_of(parallelism) == ()
+        assert assignment.owned_by(instance) == tuple(range_of_instance(instance, parallelism, max_parallelism))
+    assert assignment.owned_by(parallelism) == ()
 
 
 def test_assignment_defaults_and_value_semantics() -> None:
@@ -98,7 +98,7 @@ def test_assignment_defaults_and_value_semantics() -> None:
 
 def test_assignment_parallelism_of_uneven_owners() -> None:
     assert Assignment(1, (0, 2, 2, 1)).parallelism == 3
-    assert Assignment(1, (0, 2, 2, 1)).key_groups_of(2) == (1, 2)
+    assert Assignment(1, (0, 2, 2, 1)).owned_by(2) == (1, 2)
 
 
 # --- key hashing ----------------------------------------------------------------------
@@ -280,7 +280,7 @@ def test_runs_of_a_range_assignment_are_one_run_per_instance() -> None:
     assignment = Assignment.ranges(7, 120)
     for instance in range(7):
         r = range_of_instance(instance, 7, 120)
-        assert runs(assignment.key_groups_of(instance)) == [(r.start, r.stop - 1)]
+        assert runs(assignment.owned_by(instance)) == [(r.start, r.stop - 1)]
 
 
 @settings(max_examples=200, deadline=None)

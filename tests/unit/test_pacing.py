@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from streamjobs_core.generators import MAX_WATERMARK
 from streamjobs_core.spec import BatchingSettings, SqlStage, WindowAggregateStage
+from streamjobs_core.watermarks import MAX_WATERMARK
 from streamjobs_worker.inputs import InputBatch
 from streamjobs_worker.pacing import Pacing
 

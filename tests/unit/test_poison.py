@@ -7,8 +7,9 @@ import pyarrow as pa
 import pytest
 from pyspark.errors import QueryContextType
 from streamjobs_core.spec import SqlStage
+from streamjobs_core.watermarks import MIN_WATERMARK
 from streamjobs_worker import poison, probes
-from streamjobs_worker.inputs import MIN_WATERMARK, InputBatch
+from streamjobs_worker.inputs import InputBatch
 
 
 class Picky:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from streamjobs_core.control import Promotion
 from streamjobs_core.loading import SpecError, parse_job
-from streamjobs_core.spares import Promotion
 
 
 @pytest.mark.parametrize("promotion", [Promotion(3), Promotion(0, await_epoch=7)])

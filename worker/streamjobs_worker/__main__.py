@@ -9,10 +9,9 @@ import signal
 import sys
 import threading
 
-from streamjobs_core import spares
 from streamjobs_core.connect import connect
-from streamjobs_core.layout import JobKeys
-from streamjobs_core.plan import JobPlan
+from streamjobs_core.jobstore import RedisJobStore
+from streamjobs_core.spares import await_promotion
 
 from .rehearsal import SPARE_REHEARSALS, warm_up
 from .standby import await_epoch
@@ -52,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
     r = connect(args.redis_url)
-    plan = JobPlan.from_json(r.get(JobKeys(args.job).plan))
+    jobs = RedisJobStore(r, args.job)
+    plan = jobs.plan()
     log = logging.getLogger(__name__)
     spare, instance, epoch, warm = args.spare, args.instance, args.await_epoch, False
     while True:
@@ -61,8 +61,8 @@ def main(argv: list[str] | None = None) -> int:
             if not warm:
                 warm_up(r, plan, args.operator, SPARE_REHEARSALS)
                 warm = True
-            spares.ready(r, plan.keys, args.operator, spare)
-            promotion = spares.await_promotion(r, plan.keys, args.operator, spare, stop)
+            jobs.spare_ready(args.operator, spare)
+            promotion = await_promotion(jobs, args.operator, spare, stop)
             if promotion is None:
                 return 0
             instance, epoch = promotion.instance, promotion.await_epoch
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
                      "" if epoch is None else f" (standby of epoch {epoch})")
         prestaged = None
         if epoch is not None:
-            proceed, prestaged = await_epoch(r, plan, args.operator, instance, epoch, stop, warm)
+            proceed, prestaged = await_epoch(r, jobs, plan, args.operator, instance, epoch, stop, warm)
             if not proceed:
                 return 0
             warm = True
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         if not demoted.is_set():
             return 0
         worker.close()
-        spare, epoch, warm = spares.demoted_as(r, plan.keys, args.operator, instance), None, True
+        spare, epoch, warm = jobs.demoted_as(args.operator, instance), None, True
         if spare is None:
             return 0
         log.info("%s/%d demoted to spare %s", args.operator, instance, spare)

@@ -21,17 +21,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
-import msgpack
 import numpy as np
 import pyarrow as pa
 import redis
 from streamjobs_core.codec import DecodeError, decode
-from streamjobs_core.plan import Edge, JobPlan, key_group_lag
+from streamjobs_core.jobstore import JobStore
+from streamjobs_core.plan import Edge, JobPlan
+from streamjobs_core.watermarks import MIN_WATERMARK, runs_of
 
 from . import phases
 from .transaction import Transaction
-
-MIN_WATERMARK = -(2**63)
 
 
 @dataclass
@@ -101,8 +100,10 @@ class Input(Protocol):
 
 
 class StreamInput:
-    def __init__(self, r: redis.Redis, plan: JobPlan, op: str, instance: int, owned: tuple[int, ...]) -> None:
+    def __init__(self, r: redis.Redis, store: JobStore, plan: JobPlan, op: str, instance: int,
+                 owned: tuple[int, ...]) -> None:
         self._r = r
+        self._jobs = store
         self._plan = plan
         self._op = op
         self._instance = instance
@@ -141,17 +142,14 @@ class StreamInput:
     def _load(self, names: list[str]) -> None:
         if not names:
             return
-        offsets = self._r.hmget(self._plan.keys.offsets(self._op), names)
-        marks = self._r.hmget(self._plan.keys.watermarks(self._op), names)
         pipe = self._r.pipeline(transaction=False)
-        for name, offset, packed in zip(names, offsets, marks):
+        for name, (offset, marks) in zip(names, self._jobs.streams(self._op, names)):
             stream = self._streams[name]
             if offset is not None:
                 stream.cursor = offset
             pipe.xrange(name, stream.cursor, stream.cursor)
-            if packed is not None:
-                for lo, hi, mark in msgpack.unpackb(packed):
-                    stream.upstream_watermarks[lo : hi + 1] = mark
+            for lo, hi, mark in marks or ():
+                stream.upstream_watermarks[lo : hi + 1] = mark
         # A stream committed at a marker (its key group's other streams not there yet when the worker
         # stopped) stays parked: what follows the marker is the new owner's.
         for name, at_cursor in zip(names, pipe.execute()):
@@ -232,11 +230,9 @@ class StreamInput:
     def add_progress(self, txn: Transaction) -> None:
         """Add the offsets, watermark progress and trims of what was read to the transaction."""
         keys = self._plan.keys
-        for stream in self._streams.values():
-            if not stream.changed:
-                continue
-            txn.hset(keys.offsets(self._op), {stream.key: stream.cursor})
-            txn.hset(keys.watermarks(self._op), {stream.key: msgpack.packb(_rle(stream.upstream_watermarks))})
+        changed = [s for s in self._streams.values() if s.changed]
+        self._jobs.record_streams(txn, self._op, {s.key: (s.cursor, runs_of(s.upstream_watermarks)) for s in changed})
+        for stream in changed:
             txn.trims[stream.key] = stream.cursor  # consumed entries go; one stream, one consumer
             if stream.read_records:
                 edge = stream.edge
@@ -247,16 +243,7 @@ class StreamInput:
     def lag(self) -> dict[tuple[str, int], int]:
         """Records produced into each owned stream and not yet consumed, per (upstream, kg)."""
         owned = sorted({s.kg for s in self._streams.values()})  # every input edge has a stream per owned kg
-        return key_group_lag(self._r, self._plan.keys, self._plan.edges_in(self._op), owned)
-
-
-def _rle(values: np.ndarray) -> list[tuple[int, int, int]]:
-    """Runs of equal values as (first index, last index, value)."""
-    if not len(values):
-        return []
-    starts = np.concatenate(([0], np.flatnonzero(np.diff(values)) + 1))
-    ends = np.concatenate((starts[1:], [len(values)])) - 1
-    return list(zip(starts.tolist(), ends.tolist(), values[starts].tolist()))
+        return self._jobs.key_group_lag([e.upstream for e in self._plan.edges_in(self._op)], self._op, owned)
 
 
 def _marker(fields: dict[bytes, bytes]) -> int | None:

@@ -15,9 +15,9 @@ import pyarrow as pa
 from streamjobs_core.codec import encode
 from streamjobs_core.keygroups import key_groups_of
 from streamjobs_core.plan import Edge, JobPlan
+from streamjobs_core.watermarks import MIN_WATERMARK
 
 from . import phases
-from .inputs import MIN_WATERMARK
 from .transaction import Transaction
 
 _CHUNK_RECORDS = 2048

@@ -24,10 +24,10 @@ the next batch is larger and Spark's fixed cost is shared) when it would not:
 
 from __future__ import annotations
 
-from streamjobs_core.generators import MAX_WATERMARK
 from streamjobs_core.spec import BatchingSettings
+from streamjobs_core.watermarks import MAX_WATERMARK, MIN_WATERMARK
 
-from .inputs import MIN_WATERMARK, InputBatch
+from .inputs import InputBatch
 
 SOURCE_TICK_S = 0.05
 

@@ -29,9 +29,10 @@ from weakref import WeakKeyDictionary
 import numpy as np
 import pyarrow as pa
 from pyspark.errors import AnalysisException
+from streamjobs_core.watermarks import MIN_WATERMARK
 
 from . import probes
-from .inputs import MIN_WATERMARK, InputBatch
+from .inputs import InputBatch
 from .probes import Probe
 
 _ERROR_CHARS = 2000

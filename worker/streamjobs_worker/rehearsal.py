@@ -19,8 +19,8 @@ import logging
 import numpy as np
 from streamjobs_core import generators
 from streamjobs_core.codec import DecodeError, decode
-from streamjobs_core.generators import MAX_WATERMARK
 from streamjobs_core.plan import JobPlan
+from streamjobs_core.watermarks import MAX_WATERMARK
 
 from . import spark
 from .inputs import InputBatch

@@ -13,6 +13,7 @@ import time
 import pyarrow as pa
 import redis
 from streamjobs_core import shedding
+from streamjobs_core.jobstore import JobStore
 from streamjobs_core.plan import JobPlan
 
 from .inputs import InputBatch
@@ -24,13 +25,15 @@ _CONTROL_EVERY_S = 0.2
 
 
 class SourceInput:
-    def __init__(self, r: redis.Redis, plan: JobPlan, op: str, owned: tuple[int, ...], metrics: WorkerMetrics) -> None:
+    def __init__(self, r: redis.Redis, store: JobStore, plan: JobPlan, op: str, owned: tuple[int, ...],
+                 metrics: WorkerMetrics) -> None:
         self._r = r
+        self._jobs = store
         self._plan = plan
         self._op = op
         self._spec = plan.spec.operator(op)
         self._metrics = metrics
-        self.source = make_source(r, plan, op, owned)
+        self.source = make_source(r, store, plan, op, owned)
         self._stop_requested = False
         self._last_control = 0.0
         self._shed_log: list[tuple[dict, int]] = []  # shed log entries and counts of the batch, not committed yet
@@ -41,7 +44,7 @@ class SourceInput:
     def read(self, budget: int, block_ms: int) -> InputBatch:
         started = time.time()
         if started - self._last_control >= _CONTROL_EVERY_S:
-            self._stop_requested = self._r.hget(self._plan.keys.control, "stop") is not None
+            self._stop_requested = self._jobs.stop_requested()
             self._last_control = started
         if isinstance(self.source, RedisInputSource):
             table, watermark = self.source.poll(budget, started, self._stop_requested, block_ms)
@@ -88,7 +91,7 @@ class SourceInput:
             txn.hincrby(keys.shed_totals, self._op, shed)
             txn.after_commit.append(lambda shed=shed: self._metrics.shed_records.inc(shed))
         self._shed_log.clear()
-        self.source.stage(txn)
+        self.source.add_progress(txn)
 
     def acquire(self, kgs) -> None:
         self.source.acquire(kgs)

@@ -17,12 +17,13 @@ import numpy as np
 import pyarrow as pa
 import redis
 from streamjobs_core import generators, shedding
-from streamjobs_core.generators import MAX_WATERMARK
+from streamjobs_core.control import PartitionProgress
+from streamjobs_core.jobstore import JobStore
 from streamjobs_core.plan import JobPlan
 from streamjobs_core.spec import RedisStreamSource
+from streamjobs_core.watermarks import MAX_WATERMARK, MIN_WATERMARK
 
 from . import external
-from .inputs import MIN_WATERMARK
 from .transaction import Transaction
 
 
@@ -34,6 +35,7 @@ class _PartitionedSource:
     """Partition ownership: restored, taken over and released with the progress committed per partition."""
 
     _r: redis.Redis
+    _jobs: JobStore
     _plan: JobPlan
     _op: str
     _partitions: tuple[int, ...]
@@ -51,18 +53,15 @@ class _PartitionedSource:
         if not partitions:
             return
         self._partitions = tuple(sorted({*self._partitions, *partitions}))
-        keys, fields = self._plan.keys, [f"p{p}" for p in partitions]
-        offsets = self._r.hmget(keys.offsets(self._op), fields)
-        marks = self._r.hmget(keys.watermarks(self._op), fields)
-        for p, offset, mark in zip(partitions, offsets, marks):
-            self._resume(p, offset, mark)
+        for p, (progress, mark) in self._jobs.partitions(self._op, partitions).items():
+            self._resume(p, progress, mark)
 
     def release(self, partition: int) -> None:
         """Stop reading a partition whose progress was committed; another instance takes it over."""
         self._partitions = tuple(p for p in self._partitions if p != partition)
         self._forget(partition)
 
-    def _resume(self, partition: int, offset: bytes | None, mark: bytes | None) -> None:
+    def _resume(self, partition: int, progress: PartitionProgress | None, mark: int | None) -> None:
         raise NotImplementedError
 
     def _forget(self, partition: int) -> None:
@@ -70,8 +69,9 @@ class _PartitionedSource:
 
 
 class GeneratorSource(_PartitionedSource):
-    def __init__(self, r: redis.Redis, plan: JobPlan, op: str, partitions: tuple[int, ...]) -> None:
+    def __init__(self, r: redis.Redis, jobs: JobStore, plan: JobPlan, op: str, partitions: tuple[int, ...]) -> None:
         self._r = r
+        self._jobs = jobs
         self._plan = plan
         self._op = op
         self._spec = plan.spec.operator(op)
@@ -85,8 +85,9 @@ class GeneratorSource(_PartitionedSource):
         self.bad: list[tuple[str, bytes, str, dict]] = []  # generated records are never undecodable
         self.ranges: shedding.Ranges = []  # the last poll's records: what a shed log entry names
 
-    def _resume(self, partition: int, offset: bytes | None, mark: bytes | None) -> None:
-        self._next[partition] = 0 if offset is None else int(offset)  # the watermark follows from the offsets
+    def _resume(self, partition: int, progress: PartitionProgress | None, mark: int | None) -> None:
+        # The watermark follows from the offsets.
+        self._next[partition] = 0 if progress is None else int(progress.cursor)
 
     def _forget(self, partition: int) -> None:
         del self._next[partition]
@@ -131,10 +132,9 @@ class GeneratorSource(_PartitionedSource):
     def shed_ids(self, mask: np.ndarray) -> list[tuple[int, bytes]]:
         return []  # the oracle regenerates what was shed from the logged ranges
 
-    def stage(self, txn: Transaction) -> None:
-        if self._moved:
-            txn.hset(self._plan.keys.offsets(self._op), {f"p{p}": self._next[p] for p in self._moved})
-            self._moved.clear()
+    def add_progress(self, txn: Transaction) -> None:
+        self._jobs.record_partitions(txn, self._op, {p: PartitionProgress(self._next[p]) for p in self._moved})
+        self._moved.clear()
 
     @property
     def finished(self) -> bool:
@@ -155,8 +155,9 @@ class RedisInputSource(_PartitionedSource):
     source's `retention` says; input not consumed yet never is.
     """
 
-    def __init__(self, r: redis.Redis, plan: JobPlan, op: str, partitions: tuple[int, ...]) -> None:
+    def __init__(self, r: redis.Redis, jobs: JobStore, plan: JobPlan, op: str, partitions: tuple[int, ...]) -> None:
         self._r = r
+        self._jobs = jobs
         self._plan = plan
         self._op = op
         self._spec: RedisStreamSource = plan.spec.operator(op)
@@ -178,20 +179,18 @@ class RedisInputSource(_PartitionedSource):
         self.ranges: shedding.Ranges = []  # (partition, ms, seq) of each partition's first entry: a seed
         self._last = _Rows.none()  # where each row of the last poll came from
 
-    def _resume(self, partition: int, offset: bytes | None, mark: bytes | None) -> None:
-        keys = self._plan.keys
-        if offset is None:
+    def _resume(self, partition: int, progress: PartitionProgress | None, mark: int | None) -> None:
+        if progress is None:
             self._cursor[partition] = b"0-0"
             start = self._entries_before(partition)
             self._counts[partition] = _Counts(0, start, start)
             self._kept[partition] = deque()
         else:
-            self._cursor[partition] = offset
-            n, e, s = self._r.hmget(keys.offsets(self._op), [f"n{partition}", f"e{partition}", f"s{partition}"])
-            self._counts[partition] = _Counts(int(n or 0), int(e or 0), int(s or 0))
+            self._cursor[partition] = progress.cursor
+            self._counts[partition] = _Counts(progress.records or 0, progress.position or 0, progress.start or 0)
             # What was consumed before the restart is kept as long as if it had been committed now.
-            self._kept[partition] = deque([(-1, time.time(), offset)])
-        self._marks[partition] = MIN_WATERMARK if mark is None else int(mark)
+            self._kept[partition] = deque([(-1, time.time(), progress.cursor)])
+        self._marks[partition] = MIN_WATERMARK if mark is None else mark
 
     def _entries_before(self, partition: int) -> int:
         """Entries of the stream that a fresh start will never see: those trimmed already."""
@@ -284,15 +283,10 @@ class RedisInputSource(_PartitionedSource):
     def watermark(self) -> int:
         return MAX_WATERMARK if self._stopped else min(self._marks.values(), default=MIN_WATERMARK)
 
-    def stage(self, txn: Transaction) -> None:
-        keys = self._plan.keys
-        progress = {}
-        for p in self._moved:
-            c = self._counts[p]
-            progress.update({f"p{p}": self._cursor[p], f"n{p}": c.records, f"e{p}": c.position, f"s{p}": c.start})
-        if progress:
-            txn.hset(keys.offsets(self._op), progress)
-        txn.hset(keys.watermarks(self._op), {f"p{p}": m for p, m in self._marks.items()})
+    def add_progress(self, txn: Transaction) -> None:
+        progress = {p: PartitionProgress(self._cursor[p], self._counts[p].records, self._counts[p].position,
+                                         self._counts[p].start) for p in self._moved}
+        self._jobs.record_partitions(txn, self._op, progress, watermarks=self._marks)
         self._trim(txn)
         self._moved.clear()
 
@@ -324,7 +318,7 @@ class RedisInputSource(_PartitionedSource):
 
 @dataclass
 class _Counts:
-    """A partition's progress beside its cursor (committed as n, e and s)."""
+    """A partition's progress beside its cursor (committed as a PartitionProgress)."""
 
     records: int  # records consumed in this run, bad ones included
     position: int  # entries the stream had up to the cursor, trimmed ones included
@@ -357,8 +351,8 @@ def _after(entry_id: bytes) -> str:
     return f"{int(ms)}-{int(seq) + 1}"
 
 
-def make_source(r: redis.Redis, plan: JobPlan, op: str, partitions: tuple[int, ...]):
+def make_source(r: redis.Redis, jobs: JobStore, plan: JobPlan, op: str, partitions: tuple[int, ...]):
     spec = plan.spec.operator(op)
     if spec.type == "redis_stream":
-        return RedisInputSource(r, plan, op, partitions)
-    return GeneratorSource(r, plan, op, partitions)
+        return RedisInputSource(r, jobs, plan, op, partitions)
+    return GeneratorSource(r, jobs, plan, op, partitions)

@@ -18,12 +18,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from streamjobs_core.generators import MAX_WATERMARK
 from streamjobs_core.keygroups import key_groups_of
 from streamjobs_core.spec import StatefulStage, WindowAggregateStage
+from streamjobs_core.watermarks import MAX_WATERMARK, MIN_WATERMARK
 
 from . import phases, spark
-from .inputs import MIN_WATERMARK
 from .state import KG, KeyGroupStore, StateLayout, groups_of, last_per_key, replace_rows, take
 
 

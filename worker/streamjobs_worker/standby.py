@@ -18,7 +18,8 @@ import time
 from dataclasses import dataclass
 
 import redis
-from streamjobs_core.plan import JobPlan, read_assignment
+from streamjobs_core.jobstore import JobStore
+from streamjobs_core.plan import JobPlan
 
 from . import recovery
 from .rehearsal import warm_up
@@ -44,7 +45,8 @@ def state_directory(plan: JobPlan, op: str, instance: int, epoch: int) -> str:
 
 
 def await_epoch(
-    r: redis.Redis, plan: JobPlan, op: str, instance: int, epoch: int, stop: threading.Event, warm: bool = False
+    r: redis.Redis, jobs: JobStore, plan: JobPlan, op: str, instance: int, epoch: int, stop: threading.Event,
+    warm: bool = False,
 ) -> tuple[bool, Prestaged | None]:
     """Warm up (unless `warm` already: a promoted spare), then wait until `op`'s assignment reaches `epoch`:
     (whether to run, the prestaged state)."""
@@ -53,9 +55,9 @@ def await_epoch(
         warm_up(r, plan, op)
     keys = plan.keys
     prestaged = None
-    upcoming = read_assignment(r, keys, op, upcoming=True)
+    upcoming = jobs.upcoming_assignment(op)
     if spec.type in STATEFUL_OPERATOR_TYPES and upcoming is not None and upcoming.epoch == epoch:
-        owned = upcoming.key_groups_of(instance)
+        owned = upcoming.owned_by(instance)
         # Laid out as the stage will bind it: the catch-up applies changes before the stage exists.
         store = open_store(plan.spec.state.backend, owned, state_directory(plan, op, instance, epoch),
                            state_layout(spec))
@@ -65,12 +67,12 @@ def await_epoch(
     while True:
         if prestaged is not None and time.monotonic() >= next_round:
             applied = recovery.catch_up(r, keys, op, prestaged.store, prestaged.applied, prestaged.store.key_groups)
-            r.hset(keys.standby_lag(op), str(instance), applied)
+            jobs.report_standby_lag(op, instance, applied)
             next_round = time.monotonic() + _CATCH_UP_EVERY_S
         if not registered:  # ready: Spark is up and the bulk of the state is loaded
-            r.hset(keys.standby(op), str(instance), epoch)
+            jobs.report_standby(op, instance, epoch)
             registered = True
-        assignment = read_assignment(r, keys, op)
+        assignment = jobs.assignment(op)
         if assignment is not None and assignment.epoch >= epoch:
             return True, prestaged
         if stop.wait(0.05):

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import redis
-from streamjobs_core.layout import JobKeys
+from streamjobs_core.jobstore import RedisJobStore
 
 from . import recovery
 from .recovery import changelog_fields
@@ -58,13 +58,13 @@ class Checkpoint:
     nor overwrite a newer owner's snapshot with state it no longer owns.
     """
 
-    def __init__(self, r: redis.Redis, keys: JobKeys, op: str, instance: int, incarnation: int,
+    def __init__(self, r: redis.Redis, jobs: RedisJobStore, op: str, instance: int, incarnation: int,
                  store: KeyGroupStore | None = None, snapshot_every_batches: int = 50) -> None:
         self._r = r
-        self._keys = keys
+        self._jobs = jobs
+        self._keys = jobs.keys
         self._op = op
-        self._incarnation_key = keys.incarnation(op, instance)
-        self._assignment_key = keys.assignment(op)
+        self._instance = instance
         self._incarnation = incarnation
         self._generation: bytes | None = None
         self._store = store
@@ -76,13 +76,12 @@ class Checkpoint:
 
     def complete(self, txn: Transaction, releases: dict[int, int],
                  let_go: Callable[[dict[int, int]], None]) -> int | None:
-        """Make the batch durable; `releases` (key group -> new owner) go in its commit and `let_go` drops
-        them after it. Returns the bytes of state snapshotted when a snapshot was due, else None."""
+        """Make the batch durable, then `let_go` drops the key groups it released (`releases`, key group ->
+        new owner, recorded in `txn` by the caller). Returns the bytes of state snapshotted when a snapshot
+        was due, else None."""
         if self._store is not None:
             for kg, changes in self._store.drain_changes().items():
                 txn.changelog[kg] = changes
-        if releases:
-            txn.hset(self._keys.owners(self._op), releases)
         if not txn.empty:
             ids = self.commit(txn)
             self.changelog_ids.update(ids)
@@ -125,7 +124,7 @@ class Checkpoint:
         while True:
             try:
                 with self._r.pipeline(transaction=True) as pipe:
-                    pipe.watch(self._incarnation_key, self._assignment_key)
+                    pipe.watch(*self._jobs.fencing_keys(self._op, self._instance))
                     self._check(pipe)
                     pipe.multi()
                     queue(pipe)
@@ -134,10 +133,8 @@ class Checkpoint:
                 continue  # the assignment was rewritten: the next try says whether that fences us
 
     def _check(self, pipe) -> None:
-        current = pipe.get(self._incarnation_key)
-        generation, epoch = pipe.hmget(self._assignment_key, ["generation", "epoch"])
-        generation = generation or epoch  # assignments written before generations existed
-        if current is None or int(current) != self._incarnation:
+        current, generation = self._jobs.fencing(pipe, self._op, self._instance)
+        if current != self._incarnation:
             raise Fenced(f"incarnation {self._incarnation} superseded by {current!r}")
         if self._generation is None:
             self._generation = generation

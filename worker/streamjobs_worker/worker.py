@@ -23,16 +23,18 @@ import threading
 import time
 
 import redis
-from streamjobs_core import handover
-from streamjobs_core.generators import MAX_WATERMARK
+from streamjobs_core.control import InstanceAddress
+from streamjobs_core.jobstore import RedisJobStore
 from streamjobs_core.keygroups import runs
-from streamjobs_core.plan import JobPlan, edge_totals, read_assignment
+from streamjobs_core.plan import JobPlan, edge_totals
+from streamjobs_core.watermarks import MAX_WATERMARK
 
 from . import phases, recovery
 from .chain import OperatorChain, dead_letter
 from .inputs import Input, InputBatch, StreamInput
 from .metrics import WorkerMetrics
 from .outputs import OutputRouter
+from .ownership import Ownership
 from .pacing import Pacing
 from .rehearsal import rehearse
 from .source_input import SourceInput
@@ -45,7 +47,6 @@ log = logging.getLogger(__name__)
 _LAG_EVERY_S = 1.0
 _MAX_ENTRIES_PER_STREAM = 4096
 _BACKPRESSURE_PAUSE_S = 0.05
-_HANDOVER_POLL_S = 0.1
 
 
 class NotAChainHead(ValueError):
@@ -63,14 +64,15 @@ class Worker:
             raise NotAChainHead(f"'{op}' runs in the workers of '{chain.head}', chained after it "
                                 f"({' -> '.join(chain.operators)}); set chain: false on it to run it on its own")
         self.r = r
+        self.jobs = jobs = RedisJobStore(r, plan.name)
         self.plan = plan
         self.op = op
         self.instance = instance
         self.spec = plan.spec.operator(op)
-        keys = plan.keys
-        assignment = read_assignment(r, keys, op) or plan.initial_assignment(op)
-        self.owned = handover.owned_by(r, plan, op, instance)
-        self.incarnation = int(r.incr(keys.incarnation(op, instance)))
+        assignment = jobs.assignment(op) or plan.initial_assignment(op)
+        self.ownership = Ownership(jobs, plan, op, instance)
+        self.owned = self.ownership.owned
+        self.incarnation = jobs.new_incarnation(op, instance)
         self.metrics = WorkerMetrics(plan.name, op, instance)
         self.metrics.owned_key_groups.set(len(self.owned))
         self.metrics.assignment_epoch.set(assignment.epoch)
@@ -80,12 +82,12 @@ class Worker:
         self.store = prestaged.store if prestaged is not None else open_store(
             plan.spec.state.backend, self.owned, state_directory(plan, op, instance, assignment.epoch))
         self.is_source = self.spec in plan.spec.sources
-        self.input: Input = (SourceInput(r, plan, op, self.owned, self.metrics) if self.is_source
-                             else StreamInput(r, plan, op, instance, self.owned))
+        self.input: Input = (SourceInput(r, jobs, plan, op, self.owned, self.metrics) if self.is_source
+                             else StreamInput(r, jobs, plan, op, instance, self.owned))
         self.chain = OperatorChain(plan, chain, instance, self.store, self.metrics)
         edges = plan.edges_out(chain.tail)
         self.router = OutputRouter(plan, chain.tail, runs(self.owned)) if edges else None
-        self.checkpoint = Checkpoint(r, keys, op, instance, self.incarnation, self.store,
+        self.checkpoint = Checkpoint(r, jobs, op, instance, self.incarnation, self.store,
                                      plan.spec.state.snapshot_every_batches)
         self.pacing = Pacing(plan.spec.batching, self.spec, self.is_source, runs_spark=bool(self.chain.stages))
         if self.chain.stages and not warm:  # a standby or a spare rehearsed while it waited
@@ -93,7 +95,7 @@ class Worker:
         # Registering the endpoint tells the runtime this instance is ready (Spark is up).
         port = self.metrics.serve(host=metrics_host, port=metrics_port)
         # In a pod the server listens on every interface; others reach it at the pod's IP.
-        r.hset(keys.metrics_endpoints, f"{op}/{instance}", f"{advertise_host or metrics_host}:{port}")
+        jobs.register(InstanceAddress(op, instance, f"{advertise_host or metrics_host}:{port}"))
 
         self._entries_per_stream = 1
         self._source_budget = max(plan.spec.batching.min_records, 1000)
@@ -104,8 +106,6 @@ class Worker:
         self._last_backpressure_check = 0.0
         self._edge_lag = 0  # the largest produced - consumed over the output edges, last read
         self._written_since_check = 0
-        self._last_handover_poll = 0.0
-        self._release_requests: dict[int, int] = {}  # key group or source partition -> new owner
 
     # --- lifecycle -----------------------------------------------------------
 
@@ -116,10 +116,7 @@ class Worker:
             self.checkpoint.changelog_ids = recovery.restore(self.r, self.plan.keys, self.op, self.store, since)
         for stage in self.chain.stages:
             stage.restore(self.input.key_group_watermarks())
-        # Restarted after taking key groups over (or before saying so): the controller waits to hear it.
-        moved_here = handover.moved_to(self.r, self.plan, self.op, self.instance)
-        if moved_here:
-            self.r.hset(self.plan.keys.acquired(self.op), mapping={kg: self.instance for kg in moved_here})
+        self.ownership.resumed()
 
     def run(self, stop: threading.Event) -> None:
         self.restore()
@@ -166,6 +163,8 @@ class Worker:
             self._written_since_check += written
         self._end_of_input(watermark, txn)
         with phases.phase("commit"):
+            if releases:
+                self.ownership.release_in(txn, releases)
             snapshot_bytes = self.checkpoint.complete(txn, releases, self._let_go)
         if snapshot_bytes is not None:
             self.metrics.state_bytes.set(snapshot_bytes)
@@ -211,8 +210,7 @@ class Worker:
 
     def _handovers(self) -> dict[int, int]:
         """Key groups to release with this batch's commit: new owner of each, asked for or at its markers."""
-        asked = {kg: to for kg, to in self._release_requests.items() if kg in self.owned and to != self.instance}
-        return {**self.input.handovers(), **asked}
+        return self.ownership.releases(self.input.handovers())
 
     def _let_go(self, released: dict[int, int]) -> None:
         for kg in released:
@@ -223,40 +221,35 @@ class Worker:
             for stage in self.chain.stages:
                 stage.release(kg)
             self.store.release(kg)
-        self._owned_now(tuple(kg for kg in self.owned if kg not in released))
+        self.ownership.released(released)
+        self._owned_now()
         log.info("%s/%d released key groups %s", self.op, self.instance, _pairs(released))
 
     def _take_over(self) -> None:
         """Take over the key groups released to this instance, from their last owner's commit."""
-        now = time.monotonic()
-        if now - self._last_handover_poll < _HANDOVER_POLL_S:
-            return
-        self._last_handover_poll = now
-        keys = self.plan.keys
-        self._release_requests = {int(kg): int(to) for kg, to in self.r.hgetall(keys.releases(self.op)).items()}
-        mine = [kg for kg in handover.moved_to(self.r, self.plan, self.op, self.instance) if kg not in self.owned]
+        mine = self.ownership.arrivals()
         if not mine:
             return
         for kg in mine:
             self.store.load(kg, ())
         if self.spec.type in STATEFUL_OPERATOR_TYPES:
             applied: dict[int, bytes] = {}
-            recovery.catch_up(self.r, keys, self.op, self.store, applied, mine)
+            recovery.catch_up(self.r, self.plan.keys, self.op, self.store, applied, mine)
             self.checkpoint.changelog_ids.update(applied)
         self.input.acquire(mine)
         watermarks = self.input.key_group_watermarks()
         for stage in self.chain.stages:
             for kg in mine:
                 stage.acquire(kg, watermarks[kg])
-        self._owned_now(tuple(sorted({*self.owned, *mine})))
-        self.r.hset(keys.acquired(self.op), mapping={kg: self.instance for kg in mine})
+        self.ownership.taken_over(mine)
+        self._owned_now()
         log.info("%s/%d took over key groups %s", self.op, self.instance, mine)
 
-    def _owned_now(self, owned: tuple[int, ...]) -> None:
-        self.owned = owned
+    def _owned_now(self) -> None:
+        self.owned = self.ownership.owned
         if self.router is not None:
-            self.router.speak_for(runs(owned))
-        self.metrics.owned_key_groups.set(len(owned))
+            self.router.speak_for(runs(self.owned))
+        self.metrics.owned_key_groups.set(len(self.owned))
 
     def _backpressured(self) -> bool:
         """Whether an output edge holds more unconsumed records than the bound.

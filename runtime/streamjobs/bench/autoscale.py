@@ -97,7 +97,7 @@ class Timeline:
             self._thread.join()
 
     def _sample(self, runtime) -> None:
-        collector = EndpointCollector(runtime.r, runtime.keys)
+        collector = EndpointCollector(runtime.jobs)
         previous = None
         while not self._stop.wait(1.0):
             snapshot = collector.collect(time.monotonic())

@@ -25,9 +25,10 @@ import numpy as np
 import pyarrow as pa
 import redis
 from streamjobs_core import generators
+from streamjobs_core.jobstore import RedisJobStore
 from streamjobs_core.keygroups import runs
 from streamjobs_core.loading import parse_job
-from streamjobs_core.plan import JobPlan, write_assignment
+from streamjobs_core.plan import JobPlan
 from streamjobs_worker import phases
 from streamjobs_worker.outputs import OutputRouter
 from streamjobs_worker.sources import with_ingest_time
@@ -131,8 +132,7 @@ def _floor(spark, kind: str, plan: JobPlan, table: pa.Table, repeats: int) -> fl
 def measure(r: redis.Redis, spark, kind: str, records: int, repeats: int) -> dict:
     r.flushall()
     plan = _job(kind)
-    for op in plan.vertices:
-        write_assignment(r, plan.keys, op, plan.initial_assignment(op))
+    RedisJobStore(r, plan.name).deploy(plan)
     consumer = plan.spec.consumers("words")[0].name
     worker = Worker(r, plan, consumer, 0)
     worker.restore()

@@ -33,11 +33,11 @@ import numpy as np
 import pyarrow as pa
 import redis
 from rich.console import Console
-from streamjobs_core.generators import MAX_WATERMARK
 from streamjobs_core.keygroups import Assignment, key_groups_of, moves
 from streamjobs_core.layout import JobKeys
 from streamjobs_core.loading import parse_job
 from streamjobs_core.spec import StreamJob
+from streamjobs_core.watermarks import MAX_WATERMARK
 from streamjobs_worker.recovery import write_snapshot
 from streamjobs_worker.stages import window_state_rows
 
@@ -121,7 +121,7 @@ class Rescaler:
         record = runtime.rescale(STAGE, to, self.strategy)
         self.rescales.append({"record": record, "moved": moved, "bytes_moved": before,
                               "start_ms": started_ms, "end_ms": time.time() * 1000})
-        self._last_end = elapsed + record["rescale_s"]
+        self._last_end = elapsed + record.rescale_s
 
 
 def latency_by_time(r, keys) -> tuple[np.ndarray, np.ndarray]:
@@ -214,15 +214,15 @@ def measure(strategy: str, steps: list[int], steady_s: float, state_mb: float, c
         window = (lat_t >= start) & (lat_t <= end + _AFTER_S * 1000)
         chosen = lat_v[window]
         result["rescales"].append({
-            "from": record["from"], "to": record["to"],
+            "from": record.from_parallelism, "to": record.to_parallelism,
             "max_latency_ms": float(chosen.max()) if len(chosen) else None,
             "p99_latency_ms": float(np.percentile(chosen, 99)) if len(chosen) else None,
             "pause_ms": held_up_ms(out_t, out_kg, out_latency, done["moved"], start - 1000, end + _AFTER_S * 1000,
                                    usual),
             "output_gap_ms": output_gap_ms(out_t, out_kg, done["moved"], start - 1000, end + _AFTER_S * 1000),
-            "rescale_s": record["rescale_s"], "handover_ms": record["pause_ms"],
+            "rescale_s": record.rescale_s, "handover_ms": record.pause_ms,
             "moved_key_groups": len(done["moved"]), "bytes_moved": done["bytes_moved"],
-            "released_at_commit": record.get("released_at_commit", 0),  # fluid/batched: not at a marker
+            "released_at_commit": record.released_at_commit,  # fluid/batched: not at a marker
             "start_s": round((start - steady_from) / 1000, 1), "end_s": round((end - steady_from) / 1000, 1),
         })
     end_ms = rescaler.rescales[-1]["end_ms"] + _AFTER_S * 1000

@@ -18,8 +18,9 @@ from __future__ import annotations
 import time
 
 import redis
+from streamjobs_core.jobstore import RedisJobStore
 from streamjobs_core.loading import parse_job
-from streamjobs_core.plan import JobPlan, write_assignment
+from streamjobs_core.plan import JobPlan
 from streamjobs_worker.worker import Worker
 
 from ..redis_server import RedisServer
@@ -46,8 +47,7 @@ def _count_job(records: int) -> JobPlan:
 
 def _prefill(r: redis.Redis, plan: JobPlan) -> int:
     """Write the whole input with a real source worker; return Redis bytes used per record."""
-    for op in plan.spec.operators:
-        write_assignment(r, plan.keys, op.name, plan.initial_assignment(op.name))
+    RedisJobStore(r, plan.name).deploy(plan)
     before = r.info("memory")["used_memory"]
     source = Worker(r, plan, "words", 0)
     source.restore()

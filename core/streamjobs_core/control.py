@@ -1,0 +1,214 @@
+"""The control plane's records: what the rescale controller, the fleets, the workers and the tools tell each
+other through the job store (jobstore.py).
+
+Each record is a frozen value with its wire encoding beside it, so a writer and
+its readers cannot drift apart; which Redis key holds it is the store's
+business alone.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, replace
+from enum import StrEnum
+
+
+class Strategy(StrEnum):
+    """How a rescale moves key groups (see rescale.py)."""
+
+    ALL_AT_ONCE = "all_at_once"
+    FLUID = "fluid"
+    BATCHED = "batched"
+    RESTART = "restart"
+
+    @property
+    def stepwise(self) -> bool:
+        """Key groups move a step at a time while every instance keeps running (Megaphone)."""
+        return self in (Strategy.FLUID, Strategy.BATCHED)
+
+    @classmethod
+    def parse(cls, text: str) -> Strategy:
+        try:
+            return cls(text)
+        except ValueError:
+            raise ValueError(f"unknown rescale strategy '{text}' (one of {', '.join(s.value for s in cls)})") from None
+
+
+class Phase(StrEnum):
+    PRESTAGE = "PRESTAGE"
+    HANDOVER = "HANDOVER"
+    RETIRE = "RETIRE"
+
+
+@dataclass(frozen=True)
+class RescaleState:
+    """The rescale in progress, saved at every phase change so a restarted controller resumes it."""
+
+    operator: str
+    from_parallelism: int
+    to_parallelism: int
+    strategy: Strategy
+    epoch: int
+    phase: Phase
+    started_at: float  # wall clock, for the status shown meanwhile
+    released_at_commit: int = 0  # key groups of finished steps released at a commit, not at their markers
+    moved_key_groups: int | None = None  # known once the new assignment is written
+    steps: int | None = None
+
+    def at(self, phase: Phase, **changes) -> RescaleState:
+        return replace(self, phase=phase, **changes)
+
+    def as_dict(self) -> dict:
+        """The form `streamjobs status` and the StreamJob's status show."""
+        return {"operator": self.operator, "from": self.from_parallelism, "to": self.to_parallelism,
+                "strategy": self.strategy.value, "epoch": self.epoch, "phase": self.phase.value,
+                "started_at": self.started_at, "released_at_commit": self.released_at_commit,
+                "moved_key_groups": self.moved_key_groups, "steps": self.steps}
+
+    def encode(self) -> str:
+        return json.dumps(self.as_dict())
+
+    @classmethod
+    def decode(cls, raw: str | bytes) -> RescaleState:
+        d = json.loads(raw)
+        return cls(d["operator"], int(d["from"]), int(d["to"]), Strategy(d["strategy"]), int(d["epoch"]),
+                   Phase(d["phase"]), float(d["started_at"]), int(d.get("released_at_commit") or 0),
+                   d.get("moved_key_groups"), d.get("steps"))
+
+
+@dataclass(frozen=True)
+class RescaleRecord:
+    """A rescale that ended: what it did and what it cost (the history `streamjobs status` shows)."""
+
+    operator: str
+    from_parallelism: int
+    to_parallelism: int
+    strategy: Strategy
+    epoch: int
+    pause_ms: float  # the longest a key group waited (stepwise: the longest step)
+    rescale_s: float | None = None  # None for one rolled back
+    moved_key_groups: int | None = None
+    steps: int | None = None
+    released_at_commit: int = 0
+    rolled_back: bool = False  # undone in PRESTAGE: the operator kept `from_parallelism`
+
+    @classmethod
+    def of(cls, state: RescaleState, pause_ms: float, rescale_s: float | None = None,
+           rolled_back: bool = False) -> RescaleRecord:
+        return cls(state.operator, state.from_parallelism, state.to_parallelism, state.strategy, state.epoch,
+                   pause_ms, rescale_s, state.moved_key_groups, state.steps, state.released_at_commit, rolled_back)
+
+    @property
+    def parallelism(self) -> int:
+        """The operator's parallelism after it."""
+        return self.from_parallelism if self.rolled_back else self.to_parallelism
+
+    def as_dict(self) -> dict:
+        """The form reports, events and the history hold."""
+        d = {k: v for k, v in asdict(self).items() if k not in ("from_parallelism", "to_parallelism")}
+        return {"operator": self.operator, "from": self.from_parallelism, "to": self.to_parallelism,
+                **d, "strategy": self.strategy.value}
+
+    def encode(self) -> str:
+        return json.dumps(self.as_dict())
+
+    @classmethod
+    def decode(cls, raw: str | bytes) -> RescaleRecord:
+        d = json.loads(raw)
+        return cls(d["operator"], int(d["from"]), int(d["to"]), Strategy(d["strategy"]), int(d["epoch"]),
+                   float(d["pause_ms"]), d.get("rescale_s"), d.get("moved_key_groups"), d.get("steps"),
+                   int(d.get("released_at_commit") or 0), bool(d.get("rolled_back")))
+
+
+@dataclass(frozen=True)
+class RescaleRequest:
+    """A rescale asked for from outside the runtime (`streamjobs rescale`, the chaos command)."""
+
+    operator: str
+    parallelism: int
+    strategy: Strategy | None = None  # None: the spec's rescale.strategy
+
+    def encode(self) -> str:
+        return json.dumps({"operator": self.operator, "parallelism": self.parallelism,
+                           "strategy": self.strategy.value if self.strategy else None})
+
+    @classmethod
+    def decode(cls, raw: str | bytes) -> RescaleRequest:
+        d = json.loads(raw)
+        return cls(d["operator"], int(d["parallelism"]), Strategy(d["strategy"]) if d.get("strategy") else None)
+
+
+@dataclass(frozen=True)
+class StandbyStatus:
+    """One standby of an all_at_once rescale (worker --await-epoch): ready for an epoch once its Spark is up and
+    the bulk of its state loaded; `lag`, the changelog entries its last catch-up round applied."""
+
+    instance: int
+    epoch: int | None  # None until ready
+    lag: int | None = None  # None for an operator without state
+
+
+@dataclass(frozen=True)
+class Promotion:
+    """What a warm spare becomes (spares.py)."""
+
+    instance: int
+    await_epoch: int | None = None  # a standby of this epoch (all_at_once), not a running instance
+
+    def encode(self) -> str:
+        return json.dumps({"instance": self.instance, "awaitEpoch": self.await_epoch})
+
+    @classmethod
+    def decode(cls, raw: str | bytes) -> Promotion:
+        fields = json.loads(raw)
+        return cls(int(fields["instance"]), fields.get("awaitEpoch"))
+
+
+@dataclass(frozen=True)
+class InstanceAddress:
+    """A running instance's metrics endpoint; registered once its Spark is up, so it doubles as readiness."""
+
+    operator: str
+    instance: int
+    address: str  # host:port
+
+    @property
+    def field(self) -> str:
+        return f"{self.operator}/{self.instance}"
+
+    @classmethod
+    def decode(cls, field: str | bytes, address: str | bytes) -> InstanceAddress:
+        op, _, instance = as_text(field).rpartition("/")
+        return cls(op, int(instance), as_text(address))
+
+
+@dataclass(frozen=True)
+class PartitionProgress:
+    """What a source committed for one partition: where to read on (a generator's next offset, an external
+    stream's last entry id), how many records it took, and for an external stream the producer's position
+    there and where it started."""
+
+    cursor: int | bytes | None = None  # as committed: the reader knows its kind
+    records: int | None = None
+    position: int | None = None
+    start: int | None = None
+
+    _FIELDS = (("cursor", "p"), ("records", "n"), ("position", "e"), ("start", "s"))
+
+    def fields(self, partition: int) -> dict[str, int | str]:
+        return {f"{letter}{partition}": getattr(self, name) for name, letter in self._FIELDS
+                if getattr(self, name) is not None}
+
+    @classmethod
+    def field_names(cls, partition: int) -> list[str]:
+        return [f"{letter}{partition}" for _, letter in cls._FIELDS]
+
+    @classmethod
+    def decode(cls, values: list) -> PartitionProgress:
+        """From the values of `field_names`, in order."""
+        cursor, *counts = values
+        return cls(cursor, *(int(v) if v is not None else None for v in counts))
+
+
+def as_text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value

@@ -1,0 +1,596 @@
+"""The job store: where the control records of control.py live, behind one port.
+
+`JobStore` is what the rescale controller, the handover protocol, the fleets,
+the workers and the tools read and write; `RedisJobStore` keeps a job's records
+in its Redis slot (layout.py) and `MemoryJobStore` in dictionaries, for unit
+tests of the control logic (the way flink-autoscaler tests against its state
+store). No other module spells a control key or field.
+
+Writes that belong to a worker's commit (a key group released in the batch that
+reached its marker, a source's offsets) take the commit's transaction, anything
+with `hset(key, mapping=...)`: the Redis store adds them to it, so they happen
+with the batch or not at all; the memory store, which has no transactions,
+applies them at once.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable
+from typing import Protocol
+
+from .codec import encode_marker
+from .control import (
+    InstanceAddress,
+    PartitionProgress,
+    Promotion,
+    RescaleRecord,
+    RescaleRequest,
+    RescaleState,
+    StandbyStatus,
+    as_text,
+)
+from .keygroups import Assignment
+from .layout import JobKeys
+from .plan import JobPlan
+from .watermarks import Runs, decode_runs, encode_runs
+
+
+class Commit(Protocol):
+    def hset(self, key: str, mapping: dict) -> None: ...
+
+
+class JobStore(Protocol):
+    # --- the deployed job ------------------------------------------------------------
+    def deploy(self, plan: JobPlan, owner: str | None = None) -> None:
+        """The plan and every chain's first assignment; `owner`, the deploying object (a StreamJob's uid)."""
+    def plan(self) -> JobPlan | None: ...
+    def restamp(self, t0_ms: int) -> JobPlan:
+        """Fix the sources' event-time origin: just before they start, so the job does not begin behind."""
+    def deployed_by(self) -> str | None: ...
+    def clear(self, keep_input: bool = True) -> int:
+        """Forget the job: state, progress, outputs and control records; its input streams too unless
+        `keep_input` (external producers may have written them before a run started). Returns keys deleted."""
+
+    # --- assignment and per-key-group ownership ---------------------------------
+    def assignment(self, op: str) -> Assignment | None: ...
+    def upcoming_assignment(self, op: str) -> Assignment | None:
+        """The assignment an all_at_once rescale in PRESTAGE will switch to (its standbys prestage it)."""
+    def write_assignment(self, op: str, assignment: Assignment, generation: int | None = None) -> None:
+        """The assignment in force. Commits are fenced by its generation (default: the epoch): a rescale that
+        takes key groups from running instances starts one; a stepwise one, whose instances give them up
+        themselves, keeps it."""
+    def publish_upcoming(self, op: str, assignment: Assignment) -> None: ...
+    def ownership(self, op: str) -> tuple[Assignment | None, dict[int, int]]:
+        """The assignment in force and the key groups moved since (kg -> owner now), read at once: the final
+        switch replaces the one and drops the other together."""
+    def release_in(self, commit: Commit, op: str, releases: dict[int, int]) -> None:
+        """Key groups (kg -> new owner) an old owner gives up in this commit."""
+    def request_release(self, op: str, releases: dict[int, int]) -> None:
+        """Ask owners to give these key groups (kg -> new owner) up at their next commit."""
+    def release_requests(self, op: str) -> dict[int, int]: ...
+    def mark(self, upstreams: Iterable[str], op: str, kg: int, target: int) -> None:
+        """A handover marker naming `target` into the key group's stream from each upstream."""
+    def record_acquired(self, op: str, kgs: Iterable[int], instance: int) -> None: ...
+    def acquired(self, op: str) -> dict[int, int]: ...
+    def finish_handover(self, op: str, new: Assignment) -> None:
+        """`new` in force in the current generation; the handover's records gone, at once."""
+    def new_incarnation(self, op: str, instance: int) -> int:
+        """A number greater than any earlier one of this instance: a replaced incarnation can no longer commit."""
+
+    # --- what the handover paces itself on ----------------------------------------
+    def key_group_lag(self, upstreams: Iterable[str], op: str, kgs: Iterable[int]) -> dict[tuple[str, int], int]:
+        """Records produced into and not yet consumed from these key groups' streams, per (upstream, kg)."""
+    def committed_watermark(self, upstreams: Iterable[str], op: str, kgs: Iterable[int]) -> int | None:
+        """The smallest committed watermark of these key groups' streams; None if one never committed."""
+
+    # --- the rescale in progress and its history -------------------------------------
+    def rescale_state(self) -> RescaleState | None: ...
+    def save_rescale(self, state: RescaleState) -> None: ...
+    def end_rescale(self, record: RescaleRecord) -> None:
+        """Append to the history and clear the rescale in progress, at once."""
+    def drop_rescale(self, op: str) -> None:
+        """A rolled-back rescale: clear it and what its PRESTAGE published."""
+    def clear_prestage(self, op: str) -> None: ...
+    def rescale_history(self, start: int = 0) -> list[RescaleRecord]: ...
+    def request_rescale(self, request: RescaleRequest) -> None: ...
+    def next_rescale_request(self) -> RescaleRequest | None: ...
+    def rescale_requests(self) -> list[RescaleRequest]: ...
+
+    # --- standbys and spares ----------------------------------------------------------
+    def report_standby(self, op: str, instance: int, epoch: int) -> None: ...
+    def report_standby_lag(self, op: str, instance: int, applied: int) -> None: ...
+    def standbys(self, op: str) -> list[StandbyStatus]: ...
+    def spare_ready(self, op: str, spare: str) -> None: ...
+    def ready_spares(self, op: str) -> set[str]: ...
+    def promote(self, op: str, spare: str, promotion: Promotion) -> None: ...
+    def await_promotion(self, op: str, spare: str, timeout_s: float) -> Promotion | None: ...
+    def demote(self, op: str, instance: int, spare: str) -> None: ...
+    def demoted_as(self, op: str, instance: int) -> str | None: ...
+
+    # --- instances and the job ------------------------------------------------------------
+    def register(self, address: InstanceAddress) -> None: ...
+    def unregister(self, op: str, instance: int) -> None: ...
+    def registered(self) -> dict[tuple[str, int], str]: ...
+    def request_stop(self) -> None: ...
+    def stop_requested(self) -> bool: ...
+
+    # --- committed input progress ----------------------------------------------------------
+    def record_partitions(self, commit: Commit, op: str, progress: dict[int, PartitionProgress],
+                          watermarks: dict[int, int] | None = None) -> None: ...
+    def partitions(self, op: str, partitions: Iterable[int]) -> dict[int, tuple[PartitionProgress | None, int | None]]:
+        """Per source partition: what it committed (None: nothing yet) and its watermark."""
+    def record_streams(self, commit: Commit, op: str, progress: dict[str, tuple[bytes, Runs]]) -> None:
+        """Per input stream: the last entry consumed and its upstream instances' watermarks."""
+    def streams(self, op: str, names: list[str]) -> list[tuple[bytes | None, Runs | None]]: ...
+
+
+class RedisJobStore:
+    def __init__(self, r, job: str) -> None:
+        self.r = r
+        self.keys = JobKeys(job)
+
+    # --- the deployed job -------------------------------------------------------------
+    def deploy(self, plan: JobPlan, owner: str | None = None) -> None:
+        pipe = self.r.pipeline(transaction=True)
+        pipe.set(self.keys.plan, plan.to_json())
+        for op in plan.vertices:  # one assignment per chain, its head's (chaining.py)
+            self.write_assignment(op, plan.initial_assignment(op), pipe=pipe)
+        if owner is not None:
+            pipe.set(self.keys.deployed_by, owner)
+        pipe.execute()
+
+    def plan(self) -> JobPlan | None:
+        raw = self.r.get(self.keys.plan)
+        return JobPlan.from_json(raw) if raw is not None else None
+
+    def restamp(self, t0_ms: int) -> JobPlan:
+        plan = JobPlan(self.plan().job, t0_ms)
+        self.r.set(self.keys.plan, plan.to_json())
+        return plan
+
+    def deployed_by(self) -> str | None:
+        owner = self.r.get(self.keys.deployed_by)
+        return None if owner is None else as_text(owner)
+
+    def clear(self, keep_input: bool = True) -> int:
+        deleted, batch = 0, []
+        for key in self.r.scan_iter(match=self.keys.pattern, count=1000):
+            if keep_input and self.keys.is_input(key):
+                continue
+            batch.append(key)
+            if len(batch) >= 500:
+                deleted += self.r.delete(*batch)
+                batch = []
+        if batch:
+            deleted += self.r.delete(*batch)
+        return deleted
+
+    # --- assignment and ownership -------------------------------------------------
+    def assignment(self, op: str) -> Assignment | None:
+        return _assignment(self.r.hgetall(self.keys.assignment(op)))
+
+    def upcoming_assignment(self, op: str) -> Assignment | None:
+        return _assignment(self.r.hgetall(self.keys.next_assignment(op)))
+
+    def write_assignment(self, op: str, assignment: Assignment, generation: int | None = None, pipe=None) -> None:
+        (pipe or self.r).hset(self.keys.assignment(op), mapping=_assignment_fields(assignment, generation))
+
+    def publish_upcoming(self, op: str, assignment: Assignment) -> None:
+        self.r.hset(self.keys.next_assignment(op), mapping=_assignment_fields(assignment, None))
+
+    def ownership(self, op: str) -> tuple[Assignment | None, dict[int, int]]:
+        pipe = self.r.pipeline(transaction=True)
+        pipe.hgetall(self.keys.assignment(op))
+        pipe.hgetall(self.keys.moved(op))
+        assignment, moved = pipe.execute()
+        return _assignment(assignment), _int_map(moved)
+
+    def release_in(self, commit: Commit, op: str, releases: dict[int, int]) -> None:
+        commit.hset(self.keys.moved(op), mapping=dict(releases))
+
+    def request_release(self, op: str, releases: dict[int, int]) -> None:
+        self.r.hset(self.keys.releases(op), mapping=dict(releases))
+
+    def release_requests(self, op: str) -> dict[int, int]:
+        return _int_map(self.r.hgetall(self.keys.releases(op)))
+
+    def mark(self, upstreams: Iterable[str], op: str, kg: int, target: int) -> None:
+        pipe = self.r.pipeline(transaction=False)
+        for upstream in upstreams:
+            pipe.xadd(self.keys.kg_stream(upstream, op, kg), encode_marker(target))
+        pipe.execute()
+
+    def record_acquired(self, op: str, kgs: Iterable[int], instance: int) -> None:
+        mapping = {kg: instance for kg in kgs}
+        if mapping:
+            self.r.hset(self.keys.acquired(op), mapping=mapping)
+
+    def acquired(self, op: str) -> dict[int, int]:
+        return _int_map(self.r.hgetall(self.keys.acquired(op)))
+
+    def finish_handover(self, op: str, new: Assignment) -> None:
+        generation = self.r.hget(self.keys.assignment(op), "generation")
+        pipe = self.r.pipeline(transaction=True)
+        self.write_assignment(op, new, int(generation), pipe=pipe)
+        pipe.delete(self.keys.moved(op), self.keys.releases(op), self.keys.acquired(op))
+        pipe.execute()
+
+    def new_incarnation(self, op: str, instance: int) -> int:
+        return int(self.r.incr(self.keys.incarnation(op, instance)))
+
+    def fencing_keys(self, op: str, instance: int) -> tuple[str, str]:
+        """What a commit WATCHes (transaction.py's Checkpoint)."""
+        return self.keys.incarnation(op, instance), self.keys.assignment(op)
+
+    def fencing(self, pipe, op: str, instance: int) -> tuple[int | None, bytes | None]:
+        """(the instance's incarnation now, its operator's assignment generation), read in a WATCHing pipe."""
+        current = pipe.get(self.keys.incarnation(op, instance))
+        return (None if current is None else int(current)), pipe.hget(self.keys.assignment(op), "generation")
+
+    # --- pacing reads -------------------------------------------------------------
+    def key_group_lag(self, upstreams: Iterable[str], op: str, kgs: Iterable[int]) -> dict[tuple[str, int], int]:
+        upstreams, kgs = list(upstreams), list(kgs)
+        if not kgs or not upstreams:
+            return {}
+        fields = [str(kg) for kg in kgs]
+        pipe = self.r.pipeline(transaction=False)
+        for upstream in upstreams:
+            pipe.hmget(self.keys.produced(upstream, op), fields)
+            pipe.hmget(self.keys.consumed(upstream, op), fields)
+        counts = pipe.execute()
+        return {(upstream, kg): int(p or 0) - int(c or 0)
+                for upstream, produced, consumed in zip(upstreams, counts[::2], counts[1::2])
+                for kg, p, c in zip(kgs, produced, consumed)}
+
+    def committed_watermark(self, upstreams: Iterable[str], op: str, kgs: Iterable[int]) -> int | None:
+        names = [self.keys.kg_stream(upstream, op, kg) for kg in kgs for upstream in upstreams]
+        packed = self.r.hmget(self.keys.watermarks(op), names) if names else []
+        if not packed or any(p is None for p in packed):
+            return None
+        return min(mark for p in packed for _, _, mark in decode_runs(p))
+
+    # --- rescales -------------------------------------------------------------------
+    def rescale_state(self) -> RescaleState | None:
+        raw = self.r.get(self.keys.rescale_current)
+        return RescaleState.decode(raw) if raw is not None else None
+
+    def save_rescale(self, state: RescaleState) -> None:
+        self.r.set(self.keys.rescale_current, state.encode())
+
+    def end_rescale(self, record: RescaleRecord) -> None:
+        pipe = self.r.pipeline()
+        pipe.rpush(self.keys.rescale_history, record.encode())
+        pipe.delete(self.keys.rescale_current)
+        pipe.execute()
+
+    def drop_rescale(self, op: str) -> None:
+        self.r.delete(*self._prestage_keys(op), self.keys.rescale_current)
+
+    def clear_prestage(self, op: str) -> None:
+        self.r.delete(*self._prestage_keys(op))
+
+    def _prestage_keys(self, op: str) -> tuple[str, ...]:
+        return self.keys.standby(op), self.keys.standby_lag(op), self.keys.next_assignment(op)
+
+    def rescale_history(self, start: int = 0) -> list[RescaleRecord]:
+        return [RescaleRecord.decode(x) for x in self.r.lrange(self.keys.rescale_history, start, -1)]
+
+    def request_rescale(self, request: RescaleRequest) -> None:
+        self.r.rpush(self.keys.rescale_requests, request.encode())
+
+    def next_rescale_request(self) -> RescaleRequest | None:
+        raw = self.r.lpop(self.keys.rescale_requests)
+        return RescaleRequest.decode(raw) if raw is not None else None
+
+    def rescale_requests(self) -> list[RescaleRequest]:
+        return [RescaleRequest.decode(x) for x in self.r.lrange(self.keys.rescale_requests, 0, -1)]
+
+    # --- standbys and spares --------------------------------------------------------------
+    def report_standby(self, op: str, instance: int, epoch: int) -> None:
+        self.r.hset(self.keys.standby(op), str(instance), epoch)
+
+    def report_standby_lag(self, op: str, instance: int, applied: int) -> None:
+        self.r.hset(self.keys.standby_lag(op), str(instance), applied)
+
+    def standbys(self, op: str) -> list[StandbyStatus]:
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hgetall(self.keys.standby(op))
+        pipe.hgetall(self.keys.standby_lag(op))
+        ready, lag = (_int_map(x) for x in pipe.execute())
+        return [StandbyStatus(i, ready.get(i), lag.get(i)) for i in sorted({*ready, *lag})]
+
+    def spare_ready(self, op: str, spare: str) -> None:
+        self.r.hset(self.keys.spares(op), spare, "ready")
+
+    def ready_spares(self, op: str) -> set[str]:
+        return {as_text(s) for s in self.r.hkeys(self.keys.spares(op))}
+
+    def promote(self, op: str, spare: str, promotion: Promotion) -> None:
+        pipe = self.r.pipeline()
+        pipe.hdel(self.keys.spares(op), spare)
+        pipe.rpush(self.keys.promotion(op, spare), promotion.encode())
+        pipe.execute()
+
+    def await_promotion(self, op: str, spare: str, timeout_s: float) -> Promotion | None:
+        popped = self.r.blpop([self.keys.promotion(op, spare)], timeout=timeout_s)
+        return Promotion.decode(popped[1]) if popped is not None else None
+
+    def demote(self, op: str, instance: int, spare: str) -> None:
+        self.r.set(self.keys.demotion(op, instance), spare)
+
+    def demoted_as(self, op: str, instance: int) -> str | None:
+        name = self.r.getdel(self.keys.demotion(op, instance))
+        return None if name is None else as_text(name)
+
+    # --- instances and the job -------------------------------------------------------------
+    def register(self, address: InstanceAddress) -> None:
+        self.r.hset(self.keys.metrics_endpoints, address.field, address.address)
+
+    def unregister(self, op: str, instance: int) -> None:
+        self.r.hdel(self.keys.metrics_endpoints, InstanceAddress(op, instance, "").field)
+
+    def registered(self) -> dict[tuple[str, int], str]:
+        found = (InstanceAddress.decode(f, a) for f, a in self.r.hgetall(self.keys.metrics_endpoints).items())
+        return {(a.operator, a.instance): a.address for a in found}
+
+    def request_stop(self) -> None:
+        self.r.hset(self.keys.control, "stop", "1")
+
+    def stop_requested(self) -> bool:
+        return self.r.hget(self.keys.control, "stop") is not None
+
+    # --- committed input progress ----------------------------------------------------------
+    def record_partitions(self, commit: Commit, op: str, progress: dict[int, PartitionProgress],
+                          watermarks: dict[int, int] | None = None) -> None:
+        fields = {k: v for p, step in progress.items() for k, v in step.fields(p).items()}
+        if fields:
+            commit.hset(self.keys.offsets(op), mapping=fields)
+        if watermarks:
+            commit.hset(self.keys.watermarks(op), mapping={_partition(p): m for p, m in watermarks.items()})
+
+    def partitions(self, op: str, partitions: Iterable[int]) -> dict[int, tuple[PartitionProgress | None, int | None]]:
+        partitions = list(partitions)
+        if not partitions:
+            return {}
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hmget(self.keys.offsets(op), [f for p in partitions for f in PartitionProgress.field_names(p)])
+        pipe.hmget(self.keys.watermarks(op), [_partition(p) for p in partitions])
+        values, marks = pipe.execute()
+        width = len(PartitionProgress.field_names(0))
+        out = {}
+        for i, (p, mark) in enumerate(zip(partitions, marks)):
+            fields = values[i * width : (i + 1) * width]
+            progress = PartitionProgress.decode(fields) if fields[0] is not None else None
+            out[p] = (progress, None if mark is None else int(mark))
+        return out
+
+    def record_streams(self, commit: Commit, op: str, progress: dict[str, tuple[bytes, Runs]]) -> None:
+        if progress:
+            commit.hset(self.keys.offsets(op), mapping={name: cursor for name, (cursor, _) in progress.items()})
+            commit.hset(self.keys.watermarks(op),
+                        mapping={name: encode_runs(runs) for name, (_, runs) in progress.items()})
+
+    def streams(self, op: str, names: list[str]) -> list[tuple[bytes | None, Runs | None]]:
+        if not names:
+            return []
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hmget(self.keys.offsets(op), names)
+        pipe.hmget(self.keys.watermarks(op), names)
+        cursors, marks = pipe.execute()
+        return [(c, None if m is None else decode_runs(m)) for c, m in zip(cursors, marks)]
+
+
+class MemoryJobStore:
+    """The job store in dictionaries: for unit tests of the control logic, one process, no transactions."""
+
+    def __init__(self) -> None:
+        self._plan: JobPlan | None = None
+        self._owner: str | None = None
+        self._assignments: dict[str, tuple[Assignment, int]] = {}
+        self._upcoming: dict[str, Assignment] = {}
+        self._moved: dict[str, dict[int, int]] = {}
+        self._asked: dict[str, dict[int, int]] = {}
+        self._acquired: dict[str, dict[int, int]] = {}
+        self._incarnations: dict[tuple[str, int], int] = {}
+        self.markers: list[tuple[str, str, int, int]] = []  # (upstream, op, kg, target), as placed
+        self.lag: dict[tuple[str, str, int], int] = {}  # (upstream, op, kg) -> records: set by a test
+        self.watermarks: dict[tuple[str, str, int], int] = {}  # likewise
+        self._rescale: RescaleState | None = None
+        self._history: list[RescaleRecord] = []
+        self._requests: list[RescaleRequest] = []
+        self._standbys: dict[str, dict[int, int]] = {}
+        self._standby_lag: dict[str, dict[int, int]] = {}
+        self._spares: dict[str, set[str]] = {}
+        self._promotions: dict[tuple[str, str], list[Promotion]] = {}
+        self._demotions: dict[tuple[str, int], str] = {}
+        self._registered: dict[tuple[str, int], str] = {}
+        self._stop = False
+        self._partitions: dict[tuple[str, int], tuple[PartitionProgress | None, int | None]] = {}
+        self._streams: dict[tuple[str, str], tuple[bytes | None, Runs | None]] = {}
+
+    def deploy(self, plan: JobPlan, owner: str | None = None) -> None:
+        self._plan, self._owner = plan, owner
+        for op in plan.vertices:
+            self.write_assignment(op, plan.initial_assignment(op))
+
+    def plan(self) -> JobPlan | None:
+        return self._plan
+
+    def restamp(self, t0_ms: int) -> JobPlan:
+        self._plan = JobPlan(self._plan.job, t0_ms)
+        return self._plan
+
+    def deployed_by(self) -> str | None:
+        return self._owner
+
+    def clear(self, keep_input: bool = True) -> int:
+        """Everything goes: this store holds no input streams."""
+        records = len(self._assignments) + len(self._history)
+        self.__init__()
+        return records
+
+    def assignment(self, op: str) -> Assignment | None:
+        return self._assignments[op][0] if op in self._assignments else None
+
+    def generation(self, op: str) -> int | None:
+        return self._assignments[op][1] if op in self._assignments else None
+
+    def upcoming_assignment(self, op: str) -> Assignment | None:
+        return self._upcoming.get(op)
+
+    def write_assignment(self, op: str, assignment: Assignment, generation: int | None = None) -> None:
+        self._assignments[op] = (assignment, assignment.epoch if generation is None else generation)
+
+    def publish_upcoming(self, op: str, assignment: Assignment) -> None:
+        self._upcoming[op] = assignment
+
+    def ownership(self, op: str) -> tuple[Assignment | None, dict[int, int]]:
+        return self.assignment(op), dict(self._moved.get(op, {}))
+
+    def release_in(self, commit: Commit | None, op: str, releases: dict[int, int]) -> None:
+        self._moved.setdefault(op, {}).update(releases)
+
+    def request_release(self, op: str, releases: dict[int, int]) -> None:
+        self._asked.setdefault(op, {}).update(releases)
+
+    def release_requests(self, op: str) -> dict[int, int]:
+        return dict(self._asked.get(op, {}))
+
+    def mark(self, upstreams: Iterable[str], op: str, kg: int, target: int) -> None:
+        self.markers.extend((upstream, op, kg, target) for upstream in upstreams)
+
+    def record_acquired(self, op: str, kgs: Iterable[int], instance: int) -> None:
+        self._acquired.setdefault(op, {}).update({kg: instance for kg in kgs})
+
+    def acquired(self, op: str) -> dict[int, int]:
+        return dict(self._acquired.get(op, {}))
+
+    def finish_handover(self, op: str, new: Assignment) -> None:
+        self.write_assignment(op, new, self.generation(op))
+        for records in (self._moved, self._asked, self._acquired):
+            records.pop(op, None)
+
+    def new_incarnation(self, op: str, instance: int) -> int:
+        self._incarnations[(op, instance)] = self._incarnations.get((op, instance), 0) + 1
+        return self._incarnations[(op, instance)]
+
+    def key_group_lag(self, upstreams: Iterable[str], op: str, kgs: Iterable[int]) -> dict[tuple[str, int], int]:
+        kgs = list(kgs)
+        return {(u, kg): self.lag.get((u, op, kg), 0) for u in upstreams for kg in kgs}
+
+    def committed_watermark(self, upstreams: Iterable[str], op: str, kgs: Iterable[int]) -> int | None:
+        marks = [self.watermarks.get((u, op, kg)) for kg in kgs for u in upstreams]
+        return None if not marks or None in marks else min(marks)
+
+    def rescale_state(self) -> RescaleState | None:
+        return self._rescale
+
+    def save_rescale(self, state: RescaleState) -> None:
+        self._rescale = state
+
+    def end_rescale(self, record: RescaleRecord) -> None:
+        self._history.append(record)
+        self._rescale = None
+
+    def drop_rescale(self, op: str) -> None:
+        self.clear_prestage(op)
+        self._rescale = None
+
+    def clear_prestage(self, op: str) -> None:
+        for records in (self._standbys, self._standby_lag, self._upcoming):
+            records.pop(op, None)
+
+    def rescale_history(self, start: int = 0) -> list[RescaleRecord]:
+        return self._history[start:]
+
+    def request_rescale(self, request: RescaleRequest) -> None:
+        self._requests.append(request)
+
+    def next_rescale_request(self) -> RescaleRequest | None:
+        return self._requests.pop(0) if self._requests else None
+
+    def rescale_requests(self) -> list[RescaleRequest]:
+        return list(self._requests)
+
+    def report_standby(self, op: str, instance: int, epoch: int) -> None:
+        self._standbys.setdefault(op, {})[instance] = epoch
+
+    def report_standby_lag(self, op: str, instance: int, applied: int) -> None:
+        self._standby_lag.setdefault(op, {})[instance] = applied
+
+    def standbys(self, op: str) -> list[StandbyStatus]:
+        ready, lag = self._standbys.get(op, {}), self._standby_lag.get(op, {})
+        return [StandbyStatus(i, ready.get(i), lag.get(i)) for i in sorted({*ready, *lag})]
+
+    def spare_ready(self, op: str, spare: str) -> None:
+        self._spares.setdefault(op, set()).add(spare)
+
+    def ready_spares(self, op: str) -> set[str]:
+        return set(self._spares.get(op, set()))
+
+    def promote(self, op: str, spare: str, promotion: Promotion) -> None:
+        self._spares.get(op, set()).discard(spare)
+        self._promotions.setdefault((op, spare), []).append(promotion)
+
+    def await_promotion(self, op: str, spare: str, timeout_s: float) -> Promotion | None:
+        waiting = self._promotions.get((op, spare))
+        if waiting:
+            return waiting.pop(0)
+        time.sleep(timeout_s)
+        return None
+
+    def demote(self, op: str, instance: int, spare: str) -> None:
+        self._demotions[(op, instance)] = spare
+
+    def demoted_as(self, op: str, instance: int) -> str | None:
+        return self._demotions.pop((op, instance), None)
+
+    def register(self, address: InstanceAddress) -> None:
+        self._registered[(address.operator, address.instance)] = address.address
+
+    def unregister(self, op: str, instance: int) -> None:
+        self._registered.pop((op, instance), None)
+
+    def registered(self) -> dict[tuple[str, int], str]:
+        return dict(self._registered)
+
+    def request_stop(self) -> None:
+        self._stop = True
+
+    def stop_requested(self) -> bool:
+        return self._stop
+
+    def record_partitions(self, commit: Commit | None, op: str, progress: dict[int, PartitionProgress],
+                          watermarks: dict[int, int] | None = None) -> None:
+        for p in {*progress, *(watermarks or {})}:
+            before, mark = self._partitions.get((op, p), (None, None))
+            self._partitions[(op, p)] = (progress.get(p, before), (watermarks or {}).get(p, mark))
+
+    def partitions(self, op: str, partitions: Iterable[int]) -> dict[int, tuple[PartitionProgress | None, int | None]]:
+        return {p: self._partitions.get((op, p), (None, None)) for p in partitions}
+
+    def record_streams(self, commit: Commit | None, op: str, progress: dict[str, tuple[bytes, Runs]]) -> None:
+        for name, committed in progress.items():
+            self._streams[(op, name)] = committed
+
+    def streams(self, op: str, names: list[str]) -> list[tuple[bytes | None, Runs | None]]:
+        return [self._streams.get((op, name), (None, None)) for name in names]
+
+
+def _assignment_fields(assignment: Assignment, generation: int | None) -> dict:
+    return {"epoch": assignment.epoch, "owners": json.dumps(list(assignment.owners)),
+            "generation": assignment.epoch if generation is None else generation}
+
+
+def _assignment(data: dict[bytes, bytes]) -> Assignment | None:
+    return Assignment(int(data[b"epoch"]), tuple(json.loads(data[b"owners"]))) if data else None
+
+
+def _int_map(data: dict) -> dict[int, int]:
+    return {int(k): int(v) for k, v in data.items()}
+
+
+def _partition(p: int) -> str:
+    return f"p{p}"
