@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 from rich.console import Console
+from rich.markup import escape
 from streamjobs_autoscaler.autoscaler import Autoscaler
 from streamjobs_autoscaler.collect import EndpointCollector, PrometheusCollector
 from streamjobs_autoscaler.ports import RedisDecisionLog
@@ -32,7 +33,8 @@ class ConsoleEvents:
 
     def emit(self, reason: str, message: str, warning: bool = False) -> None:
         self.events.append({"time": time.time(), "reason": reason, "message": message, "warning": warning})
-        self.console.print(f"[{'yellow' if warning else 'cyan'}]autoscaler {reason}[/]: {message}")
+        # escape: the message names its rule in brackets ("[ds2]"), which rich would take for a style.
+        self.console.print(f"[{'yellow' if warning else 'cyan'}]autoscaler {reason}[/]: {escape(message)}")
 
 
 def local_autoscaler(runtime: LocalRuntime, console: Console) -> tuple[Autoscaler, ConsoleEvents]:

@@ -303,3 +303,14 @@ def test_guard_rails_return_what_to_remember_and_name_their_rule():
     done, asked = guards.scale_down_delay(down, 131.0, asked, settings)
     assert (done.parallelism, asked) == (2, None)  # the largest recommendation over the delay
     assert Rule.SCALE_DOWN_DELAY.event == "ScaleDownDelayed" and Rule.ACTIVATION.event is None
+
+
+def test_the_console_shows_a_decisions_rule_in_its_brackets():
+    import io
+
+    from rich.console import Console
+    from streamjobs.autoscaling import ConsoleEvents
+
+    console = Console(file=io.StringIO(), force_terminal=False)
+    ConsoleEvents(console).emit("ScaledUp", "count 1 -> 3 [ds2]: target 1,900 rec/s")
+    assert "count 1 -> 3 [ds2]: target 1,900 rec/s" in console.file.getvalue()  # not eaten as rich markup
