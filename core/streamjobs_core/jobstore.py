@@ -211,9 +211,9 @@ class RedisJobStore:
         return _int_map(self.r.hgetall(self.keys.acquired(op)))
 
     def finish_handover(self, op: str, new: Assignment) -> None:
-        generation = self.r.hget(self.keys.assignment(op), "generation")
+        generation, epoch = self.r.hmget(self.keys.assignment(op), ["generation", "epoch"])
         pipe = self.r.pipeline(transaction=True)
-        self.write_assignment(op, new, int(generation), pipe=pipe)
+        self.write_assignment(op, new, int(generation or epoch), pipe=pipe)
         pipe.delete(self.keys.moved(op), self.keys.releases(op), self.keys.acquired(op))
         pipe.execute()
 
@@ -227,7 +227,9 @@ class RedisJobStore:
     def fencing(self, pipe, op: str, instance: int) -> tuple[int | None, bytes | None]:
         """(the instance's incarnation now, its operator's assignment generation), read in a WATCHing pipe."""
         current = pipe.get(self.keys.incarnation(op, instance))
-        return (None if current is None else int(current)), pipe.hget(self.keys.assignment(op), "generation")
+        generation, epoch = pipe.hmget(self.keys.assignment(op), ["generation", "epoch"])
+        # Assignments written before generations existed are fenced by their epoch.
+        return (None if current is None else int(current)), generation or epoch
 
     # --- pacing reads -------------------------------------------------------------
     def key_group_lag(self, upstreams: Iterable[str], op: str, kgs: Iterable[int]) -> dict[tuple[str, int], int]:

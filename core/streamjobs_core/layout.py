@@ -92,7 +92,7 @@ class JobKeys:
     def moved(self, op: str) -> str:
         """Per key group moved by a fluid or batched rescale in progress: its owner instance now (written in
         the old owner's releasing commit; the assignment in force says who owns the others)."""
-        return f"{self.prefix}:moved:{op}"
+        return f"{self.prefix}:owners:{op}"  # the name running jobs wrote
 
     def releases(self, op: str) -> str:
         """Per source partition or backlogged key group to move: the instance to release it to at the owner's

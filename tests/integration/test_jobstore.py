@@ -51,12 +51,15 @@ def test_deploy_assignments_and_the_final_switch(store):
     store.release_in(txn, "agg", {4: 1})
     commit(store, txn)
     store.request_release("src", {0: 1})
+    store.request_release("agg", {5: 1})
     store.record_acquired("agg", [4], 1)
     assert store.ownership("agg") == (plan.initial_assignment("agg"), {4: 1})
-    assert store.release_requests("src") == {0: 1} and store.acquired("agg") == {4: 1}
+    assert store.release_requests("src") == {0: 1} and store.release_requests("agg") == {5: 1}
+    assert store.acquired("agg") == {4: 1}
     store.finish_handover("agg", Assignment(2, (0,) * 4 + (1,) * 8))
     assert store.ownership("agg") == (Assignment(2, (0,) * 4 + (1,) * 8), {})
     assert store.acquired("agg") == {} and store.release_requests("agg") == {}
+    assert store.release_requests("src") == {0: 1}  # another operator's handover is its own
     assert store.new_incarnation("agg", 0) + 1 == store.new_incarnation("agg", 0)
     assert store.clear() > 0 and store.plan() is None and store.assignment("agg") is None
 
