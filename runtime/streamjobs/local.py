@@ -33,9 +33,14 @@ _PR_SET_PDEATHSIG = 1
 SPARE_NICENESS = 19
 
 
+# Resolved here, before any fork: a child forked from this threaded process runs only `prctl` before exec.
+# Loading libc in the child (dlopen) could wait forever on a lock another thread held at the fork.
+_PRCTL = ctypes.CDLL("libc.so.6", use_errno=True).prctl
+
+
 def _die_with_parent() -> None:
     # No worker outlives the runtime, even when the runtime itself is killed.
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _can_raise_priority() -> bool:

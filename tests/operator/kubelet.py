@@ -28,8 +28,13 @@ NAMESPACE = "default"
 _VAR = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
 
 
+# Resolved before any fork: dlopen in a child forked from this threaded process can deadlock, and the
+# kubelet thread would wait on that child forever (its pod never starts).
+_PRCTL = ctypes.CDLL("libc.so.6", use_errno=True).prctl
+
+
 def _die_with_parent() -> None:
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    _PRCTL(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 @dataclass
