@@ -361,8 +361,55 @@ class StatefulStage(_Stage):
         return _function_ref(value)
 
 
+class LookupTable(_Model):
+    """Where a lookup stage's table lives: a Redis hash per row, or a Parquet file or directory."""
+
+    redis_key_prefix: str | None = Field(
+        None, description="Rows are the Redis hashes named this prefix plus the row's key (in the job's Redis); "
+        "their fields are the table's columns. Users may change them while the job runs (see refreshMs).")
+    parquet_path: str | None = Field(None, description="A Parquet file or directory readable by every worker.")
+    key: str = Field(description="The table's key column (for Redis: the name given to the part of the hash's "
+                     "name after the prefix).")
+    schema_: str | None = Field(
+        None, alias="schema", description="Spark DDL of the columns taken from Redis hashes, e.g. 'campaign_id "
+        "string, budget double' (hash fields are strings, cast to these types; default: all strings). Parquet "
+        "files carry their own.")
+    refresh_ms: int = Field(
+        0, ge=0, description="Load the table again when it is older than this at a batch (0: once, when the "
+        "worker starts). Each record is enriched with the table as loaded when its batch ran.")
+
+    @model_validator(mode="after")
+    def _one_place(self) -> LookupTable:
+        if (self.redis_key_prefix is None) == (self.parquet_path is None):
+            raise ValueError("set exactly one of redisKeyPrefix and parquetPath")
+        if not _IDENTIFIER.match(self.key):
+            raise ValueError(f"key: '{self.key}' is not an identifier")
+        return self
+
+
+class LookupStage(_Stage):
+    """Stream-static enrichment: each record joined with the table's row whose key equals its `by` column."""
+
+    type: Literal["lookup"]
+    # Not `on`: YAML 1.1 readers (PyYAML, kubectl's) turn the key `on` into the boolean true.
+    by: str = Field(description="The input column matched against the table's key.")
+    table: LookupTable
+    columns: tuple[str, ...] | None = Field(None, description="Table columns to add (default: all but the key).")
+    how: Literal["inner", "left"] = Field(
+        "inner", description="inner drops records without a row in the table; left keeps them with nulls.")
+
+    @model_validator(mode="after")
+    def _one_input(self) -> LookupStage:
+        if len(self.inputs) != 1:
+            raise ValueError(f"inputs: a lookup enriches one input, got {len(self.inputs)}")
+        bad = [c for c in (self.by, *(self.columns or ())) if not _IDENTIFIER.match(c)]
+        if bad:
+            raise ValueError(f"not an identifier: {', '.join(bad)}")
+        return self
+
+
 Stage = Annotated[
-    SqlStage | PySparkStage | WindowAggregateStage | StatefulStage, Field(discriminator="type")
+    SqlStage | PySparkStage | WindowAggregateStage | StatefulStage | LookupStage, Field(discriminator="type")
 ]
 
 

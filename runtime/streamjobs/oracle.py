@@ -24,6 +24,7 @@ from streamjobs_core import ddl, generators, shedding
 from streamjobs_core.jobstore import RedisJobStore
 from streamjobs_core.plan import JobPlan
 from streamjobs_worker import external
+from streamjobs_worker.lookup import load_table, lookup_join
 from streamjobs_worker.stages import load_function, view_name
 
 
@@ -156,6 +157,8 @@ def expected_outputs(spark: SparkSession, r: redis.Redis, plan: JobPlan) -> dict
             frames[name] = load_function(op.function)(union)
         elif op.type == "window_aggregate":
             frames[name] = _window(union, op)
+        elif op.type == "lookup":
+            frames[name] = lookup_join(union, load_table(spark, r, op), op)
         elif op.type == "stateful":
             key_field = union.schema[op.key_by]
             state = spark.createDataFrame([], f"`{op.key_by}` {key_field.dataType.simpleString()}, {op.state_schema}")

@@ -734,3 +734,30 @@ def test_mutated_valid_documents_only_raise_spec_errors(data: st.DataObject) -> 
             key = data.draw(st.integers(0, len(container) - 1))
         container[key] = data.draw(junk)
     check_outcome(d)
+
+
+def _lookup(**stage: Any) -> dict[str, Any]:
+    doc = copy.deepcopy(VALID)
+    doc["spec"]["stages"].append({"name": "enrich", "type": "lookup", "inputs": ["words"], "by": "word",
+                                  "table": {"redisKeyPrefix": "w:", "key": "word"}, **stage})
+    doc["spec"]["sinks"].append({"name": "enriched", "type": "console", "inputs": ["enrich"]})
+    return doc
+
+
+@pytest.mark.parametrize(("stage", "field", "message"), [
+    ({"table": {"key": "word"}}, "spec.stages[1].lookup.table", "set exactly one of redisKeyPrefix and parquetPath"),
+    ({"table": {"redisKeyPrefix": "w:", "parquetPath": "/t", "key": "word"}}, "spec.stages[1].lookup.table",
+     "set exactly one"),
+    ({"inputs": ["words", "count"]}, "spec.stages[1].lookup", "a lookup enriches one input, got 2"),
+    ({"how": "right"}, "spec.stages[1].lookup.how", "'inner' or 'left'"),
+    ({"by": "bad name"}, "spec.stages[1].lookup", "not an identifier: bad name"),
+])
+def test_a_bad_lookup_is_refused_with_its_field(stage: dict, field: str, message: str) -> None:
+    with pytest.raises(SpecError) as caught:
+        parse_job(_lookup(**stage))
+    assert any(path.startswith(field) and message in text for path, text in caught.value.errors), caught.value.errors
+
+
+def test_a_lookup_parses_with_its_defaults() -> None:
+    stage = parse_job(_lookup()).spec.stages[1]
+    assert (stage.how, stage.columns, stage.table.refresh_ms, stage.table.schema_) == ("inner", None, 0, None)

@@ -40,7 +40,7 @@ class _Member:
 
 class OperatorChain:
     def __init__(self, plan: JobPlan, chain: Chain, instance: int, store: KeyGroupStore,
-                 metrics: WorkerMetrics) -> None:
+                 metrics: WorkerMetrics, r=None) -> None:
         self._plan = plan
         self.chain = chain
         spec = plan.spec
@@ -52,7 +52,7 @@ class OperatorChain:
                 member.sink = make_sink(plan, op, instance)
             elif operator in spec.stages:
                 # Only a head can hold keyed state: a chained member is stateless (chaining.forward).
-                member.stage = make_stage(operator, store, spec.max_parallelism)
+                member.stage = make_stage(operator, store, spec.max_parallelism, r)
             self.members.append(member)
 
     @property

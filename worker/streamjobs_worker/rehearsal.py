@@ -92,7 +92,7 @@ def rehearse(r, plan: JobPlan, op: str) -> int:
     upstream, rehearsed = chain.head, batch.records
     try:
         for spec in stages:
-            stage = make_stage(spec, scratch, plan.spec.max_parallelism)
+            stage = make_stage(spec, scratch, plan.spec.max_parallelism, r)
             stage.restore()
             output, _ = stage.process(batch, MAX_WATERMARK)
             if output is None or not output.num_rows:

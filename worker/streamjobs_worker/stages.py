@@ -468,7 +468,12 @@ def state_layout(spec) -> StateLayout | None:
     return None
 
 
-def make_stage(spec, store: KeyGroupStore, max_parallelism: int):
+def make_stage(spec, store: KeyGroupStore, max_parallelism: int, r=None):
+    """`r`: the job's Redis, where a lookup stage's table may live."""
+    if spec.type == "lookup":
+        from .lookup import LookupStage  # it builds on this module's stage base
+
+        return LookupStage(spec, store, r)
     if spec.type == "sql":
         return SqlStage(spec, store)
     if spec.type == "pyspark":

@@ -84,7 +84,7 @@ class Worker:
         self.is_source = self.spec in plan.spec.sources
         self.input: Input = (SourceInput(r, jobs, plan, op, self.owned, self.metrics) if self.is_source
                              else StreamInput(r, jobs, plan, op, instance, self.owned))
-        self.chain = OperatorChain(plan, chain, instance, self.store, self.metrics)
+        self.chain = OperatorChain(plan, chain, instance, self.store, self.metrics, r)
         edges = plan.edges_out(chain.tail)
         self.router = OutputRouter(plan, chain.tail, runs(self.owned)) if edges else None
         self.checkpoint = Checkpoint(r, jobs, op, instance, self.incarnation, self.store,
