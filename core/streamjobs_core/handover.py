@@ -98,9 +98,9 @@ def start(store: JobStore, plan: JobPlan, op: str, step: list[Move]) -> list[int
     released = {m.key_group: m.target for m in step if not upstreams or backlogged.get(m.source, 0) > bound}
     if released:
         store.request_release(op, released)
-    for move in step:
-        if move.key_group not in released:
-            store.mark(upstreams, op, move.key_group, move.target)
+    marked = {m.key_group: m.target for m in step if m.key_group not in released}
+    if marked:
+        store.mark(upstreams, op, marked)  # one round trip per step, however many key groups it moves
     return sorted(released)
 
 

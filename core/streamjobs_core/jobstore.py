@@ -70,8 +70,9 @@ class JobStore(Protocol):
     def request_release(self, op: str, releases: dict[int, int]) -> None:
         """Ask owners to give these key groups (kg -> new owner) up at their next commit."""
     def release_requests(self, op: str) -> dict[int, int]: ...
-    def mark(self, upstreams: Iterable[str], op: str, kg: int, target: int) -> None:
-        """A handover marker naming `target` into the key group's stream from each upstream."""
+    def mark(self, upstreams: Iterable[str], op: str, targets: dict[int, int]) -> None:
+        """Handover markers into the streams of these key groups from each upstream, each naming its key
+        group's new owner (kg -> target)."""
     def record_acquired(self, op: str, kgs: Iterable[int], instance: int) -> None: ...
     def acquired(self, op: str) -> dict[int, int]: ...
     def finish_handover(self, op: str, new: Assignment) -> None:
@@ -196,10 +197,12 @@ class RedisJobStore:
     def release_requests(self, op: str) -> dict[int, int]:
         return _int_map(self.r.hgetall(self.keys.releases(op)))
 
-    def mark(self, upstreams: Iterable[str], op: str, kg: int, target: int) -> None:
+    def mark(self, upstreams: Iterable[str], op: str, targets: dict[int, int]) -> None:
+        upstreams = list(upstreams)
         pipe = self.r.pipeline(transaction=False)
-        for upstream in upstreams:
-            pipe.xadd(self.keys.kg_stream(upstream, op, kg), encode_marker(target))
+        for kg, target in targets.items():
+            for upstream in upstreams:
+                pipe.xadd(self.keys.kg_stream(upstream, op, kg), encode_marker(target))
         pipe.execute()
 
     def record_acquired(self, op: str, kgs: Iterable[int], instance: int) -> None:
@@ -460,8 +463,9 @@ class MemoryJobStore:
     def release_requests(self, op: str) -> dict[int, int]:
         return dict(self._asked.get(op, {}))
 
-    def mark(self, upstreams: Iterable[str], op: str, kg: int, target: int) -> None:
-        self.markers.extend((upstream, op, kg, target) for upstream in upstreams)
+    def mark(self, upstreams: Iterable[str], op: str, targets: dict[int, int]) -> None:
+        upstreams = list(upstreams)
+        self.markers.extend((upstream, op, kg, target) for kg, target in targets.items() for upstream in upstreams)
 
     def record_acquired(self, op: str, kgs: Iterable[int], instance: int) -> None:
         self._acquired.setdefault(op, {}).update({kg: instance for kg in kgs})

@@ -71,7 +71,6 @@ class Worker:
         self.spec = plan.spec.operator(op)
         assignment = jobs.assignment(op) or plan.initial_assignment(op)
         self.ownership = Ownership(jobs, plan, op, instance)
-        self.owned = self.ownership.owned
         self.incarnation = jobs.new_incarnation(op, instance)
         self.metrics = WorkerMetrics(plan.name, op, instance)
         self.metrics.owned_key_groups.set(len(self.owned))
@@ -245,8 +244,11 @@ class Worker:
         self._owned_now()
         log.info("%s/%d took over key groups %s", self.op, self.instance, mine)
 
+    @property
+    def owned(self) -> tuple[int, ...]:
+        return self.ownership.owned
+
     def _owned_now(self) -> None:
-        self.owned = self.ownership.owned
         if self.router is not None:
             self.router.speak_for(runs(self.owned))
         self.metrics.owned_key_groups.set(len(self.owned))
