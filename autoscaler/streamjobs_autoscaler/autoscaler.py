@@ -40,6 +40,7 @@ class Autoscaler:
         self.events = events
         self.clock = clock
         self._window: deque[Snapshot] = deque()
+        self._last: Snapshot | None = None  # the latest scrape, kept while stabilizing to see changes
         self._next_tick = clock()
         self._stable_after = clock() + settings.stabilization_s  # a fresh job warms up like a rescaled one
         self._down_asked: dict[str, tuple[float, int] | None] = {}
@@ -54,16 +55,23 @@ class Autoscaler:
         if self.settings.policy == "off" or now < self._next_tick:
             return None
         self._next_tick = now + self.settings.interval_s
-        if now < self._stable_after:
+        try:
+            snapshot = self.topology.fold(self.collector.collect(now))
+        except (OSError, RuntimeError) as exc:  # metrics unreachable: counters are cumulative, the next scrape resumes
+            log.warning("metrics not collected: %s", exc)
             return None
-        snapshot = self.topology.fold(self.collector.collect(now))
-        disruption = self._window and _disruption(self._window[-1], snapshot)
+        last, self._last = self._last, snapshot
+        disruption = last is not None and _disruption(last, snapshot)
         if disruption:
             log.info("metrics window restarts: %s", disruption)
-            # A worker restarted (its counters began again) or is missing: like a rescale, the
-            # metrics around it describe no steady configuration.
+            # A worker restarted (its counters began again), is missing or came back: like a rescale, the
+            # metrics around it describe no steady configuration. Scraping on while stabilizing makes the
+            # wait count from the last change, so a restarted worker's warm-up (its JVM's first Spark jobs)
+            # stays out of the window however long its restart took.
             self._window.clear()
             self._stable_after = now + self.settings.stabilization_s
+            return None
+        if now < self._stable_after:
             return None
         self._window.append(snapshot)
         while len(self._window) > 2 and now - self._window[1].time >= self.settings.metrics_window_s:
@@ -118,7 +126,6 @@ class Autoscaler:
         # Metrics that include the rescale say nothing about the new configuration.
         self._window.clear()
         self._stable_after = self.clock() + self.settings.stabilization_s
-        self._next_tick = self._stable_after
         return decision
 
     def _record(self, decision: Decision) -> None:
