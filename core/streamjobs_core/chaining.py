@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .spec import STATEFUL_TYPES
+
 
 @dataclass(frozen=True)
 class Chain:
@@ -35,7 +37,7 @@ def forward(spec: Any, upstream: str, downstream: str) -> bool:
     up, down = spec.operator(upstream), spec.operator(downstream)
     if down in spec.sources or not (up.chain and down.chain):
         return False
-    if getattr(down, "key_by", None) is not None or down.type in ("window_aggregate", "stateful"):
+    if getattr(down, "key_by", None) is not None or down.type in STATEFUL_TYPES:
         return False  # a keyed edge repartitions by key: not forward
     return (
         down.inputs == (upstream,)

@@ -68,7 +68,7 @@ def window_steps(plan: JobPlan, op: str) -> tuple[int, int] | None:
     for member in plan.chain(op).operators:
         window = getattr(plan.spec.operator(member), "window", None)
         if window is not None:
-            lateness = plan.spec.operator(member).allowed_lateness_ms
+            lateness = getattr(plan.spec.operator(member), "allowed_lateness_ms", 0)  # a window join has none
             return (window.step_ms, lateness) if window.step_ms <= ALIGN_WINDOWS_UP_TO_MS else None
     return None
 

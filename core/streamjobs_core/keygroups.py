@@ -36,6 +36,20 @@ def key_groups_of(keys: pa.Array | pa.ChunkedArray | np.ndarray, max_parallelism
     return (hashes % np.uint64(max_parallelism)).astype(np.int64)
 
 
+def key_groups_of_columns(table: pa.Table, columns: tuple[str, ...], max_parallelism: int) -> np.ndarray:
+    """Key group of every row of `table` by a key of one or more columns. One column hashes exactly as
+    `key_groups_of`; several combine their columns' hashes, so the two inputs of a join that name their
+    key columns differently (`seller` and `id`) still meet in one key group."""
+    if len(columns) == 1:
+        return key_groups_of(table.column(columns[0]), max_parallelism)
+    combined = np.zeros(table.num_rows, dtype=np.uint64)
+    for name in columns:
+        # A column's key groups at the largest modulus are its hash, less the bits the modulus drops.
+        part = key_groups_of(table.column(name), 2**62).astype(np.uint64)
+        combined = combined * np.uint64(1_000_003) ^ part
+    return (combined % np.uint64(max_parallelism)).astype(np.int64)
+
+
 def _null_key_group(max_parallelism: int) -> int:
     """Where null keys go: where None goes in a string (object) column."""
     return int(key_groups_of(np.array([None], dtype=object), max_parallelism)[0])

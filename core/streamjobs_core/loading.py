@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -34,8 +35,8 @@ def _strip_union_tags(loc: tuple) -> tuple:
                                                       and p in _VARIANT_TAGS))
 
 
-_VARIANT_TAGS = {"nexmark", "zipf", "redis_stream", "sql", "pyspark", "window_aggregate", "stateful",
-                 "parquet", "console"}
+_VARIANT_TAGS = {"nexmark", "zipf", "redis_stream", "sql", "pyspark", "window_aggregate", "stateful", "lookup",
+                 "join", "parquet", "console"}
 
 
 def parse_job(data: Any) -> StreamJob:
@@ -91,13 +92,26 @@ def _graph_errors_of_invalid_spec(spec: Any) -> list[tuple[str, str]]:
     return graph_errors(view)  # type: ignore[arg-type]
 
 
+class _Loader(yaml.SafeLoader):
+    """YAML 1.2's booleans, only true and false: YAML 1.1 (PyYAML's default) also reads on, off, yes and no
+    as booleans, which would turn a join's `on:` into `true:`."""
+
+
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, pattern) for tag, pattern in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Loader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+                              list("tTfF"))
+
+
 def load_job(path: str | Path) -> StreamJob:
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise SpecError([("(document)", f"cannot read the file: {exc}")]) from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader
     except yaml.YAMLError as exc:
         # One line, like every other error (the CLI prints one error per line).
         mark = getattr(exc, "problem_mark", None)

@@ -11,14 +11,24 @@ from .keygroups import Assignment
 from .layout import JobKeys
 from .spec import StreamJob
 
-SPARK_OPERATOR_TYPES = ("sql", "pyspark", "window_aggregate", "stateful", "lookup", "parquet")
+SPARK_OPERATOR_TYPES = ("sql", "pyspark", "window_aggregate", "stateful", "lookup", "join", "parquet")
 
 
 @dataclass(frozen=True)
 class Edge:
     upstream: str
     downstream: str
-    key_by: str | None  # the downstream's routing column; None spreads records evenly
+    key_by: tuple[str, ...] | None  # the downstream's routing columns for this input; None spreads records evenly
+
+
+def routing_key(operator, upstream: str) -> tuple[str, ...] | None:
+    """The columns by which `operator` wants its input from `upstream` partitioned: a join names them per
+    input (its `on`), a keyed stage once for all (`keyBy`)."""
+    per_input = getattr(operator, "routing_key", None)
+    if per_input is not None:
+        return per_input(upstream)
+    key_by = getattr(operator, "key_by", None)
+    return (key_by,) if key_by else None
 
 @dataclass(frozen=True)
 class JobPlan:
@@ -71,10 +81,10 @@ class JobPlan:
 
     def edges_in(self, op: str) -> tuple[Edge, ...]:
         operator = self.spec.operator(op)
-        return tuple(Edge(up, op, getattr(operator, "key_by", None)) for up in getattr(operator, "inputs", ()))
+        return tuple(Edge(up, op, routing_key(operator, up)) for up in getattr(operator, "inputs", ()))
 
     def edges_out(self, op: str) -> tuple[Edge, ...]:
-        return tuple(Edge(op, c.name, getattr(c, "key_by", None)) for c in self.spec.consumers(op))
+        return tuple(Edge(op, c.name, routing_key(c, op)) for c in self.spec.consumers(op))
 
     def initial_assignment(self, op: str) -> Assignment:
         return Assignment.ranges(self.spec.operator(self.head(op)).parallelism, self.key_groups(op))

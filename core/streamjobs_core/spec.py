@@ -408,8 +408,60 @@ class LookupStage(_Stage):
         return self
 
 
+class JoinKeys(_Model):
+    left: tuple[str, ...] = Field(min_length=1, description="Key columns of the first input.")
+    right: tuple[str, ...] = Field(min_length=1, description="Key columns of the second input, in the same order.")
+
+    @model_validator(mode="after")
+    def _pairs(self) -> JoinKeys:
+        if len(self.left) != len(self.right):
+            raise ValueError(f"left names {len(self.left)} key columns, right {len(self.right)}: they pair up")
+        bad = [c for c in (*self.left, *self.right) if not _IDENTIFIER.match(c)]
+        if bad:
+            raise ValueError(f"not an identifier: {', '.join(bad)}")
+        return self
+
+
+class JoinStage(_Stage):
+    """Two keyed inputs (left, right) joined in event time: rows with equal keys meet once per window."""
+
+    # Flink's window join: a pair is emitted once per window holding both rows, when the window's end passes
+    # the watermark; the buffered rows are keyed state, moved per key group like any stage's.
+
+    type: Literal["join"]
+    kind: Literal["window"] = Field("window", description="window: the rows meet within a tumbling or sliding "
+                                    "window, each pair once per window holding both.")
+    # `on` as Flink's and SQL's joins spell it. PyYAML reads it as written here (loading.py); kubectl's
+    # YAML 1.1 reader turns an unquoted `on:` into `true:`, so manifests quote it ("on":).
+    on: JoinKeys = Field(description="Equi-join keys: {left: [seller], right: [id]}.")
+    window: Window = Field(description="The windows rows meet in.")
+    how: Literal["inner", "left"] = Field(
+        "inner", description="inner: matched pairs only; left: also every left row that met no right row in a "
+        "window, with the right side null, when that window fires.")
+    select: tuple[str, ...] | None = Field(
+        None, description="Spark SQL expressions over the matched rows `l` and `r`, e.g. 'l.person_id AS id' "
+        "(default: every column of each side, prefixed l_ and r_). window_start, window_end and event_time "
+        "(the window's last instant) are added to every row.")
+
+    @model_validator(mode="after")
+    def _two_inputs(self) -> JoinStage:
+        if len(self.inputs) != 2:
+            raise ValueError(f"inputs: a join reads two inputs (left, right), got {len(self.inputs)}")
+        if self.key_by is not None:
+            raise ValueError("keyBy: a join is keyed by `on`, per input")
+        if any(not item.strip() for item in self.select or ()):
+            raise ValueError("select: an expression is empty")
+        return self
+
+    def routing_key(self, upstream: str) -> tuple[str, ...]:
+        return self.on.left if upstream == self.inputs[0] else self.on.right
+
+
+STATEFUL_TYPES = ("window_aggregate", "stateful", "join")  # stages with keyed state, restored and moved per key group
+
 Stage = Annotated[
-    SqlStage | PySparkStage | WindowAggregateStage | StatefulStage | LookupStage, Field(discriminator="type")
+    SqlStage | PySparkStage | WindowAggregateStage | StatefulStage | LookupStage | JoinStage,
+    Field(discriminator="type"),
 ]
 
 

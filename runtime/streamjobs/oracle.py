@@ -24,6 +24,7 @@ from streamjobs_core import ddl, generators, shedding
 from streamjobs_core.jobstore import RedisJobStore
 from streamjobs_core.plan import JobPlan
 from streamjobs_worker import external
+from streamjobs_worker.join import join_sql
 from streamjobs_worker.lookup import load_table, lookup_join
 from streamjobs_worker.stages import load_function, view_name
 
@@ -137,6 +138,18 @@ def _window(df: DataFrame, spec) -> DataFrame:
     )
 
 
+def _join(spark: SparkSession, spec, left: DataFrame, right: DataFrame) -> DataFrame:
+    """Each side's rows once per window holding them (Spark's window()), joined on keys and window."""
+    size, step = f"{spec.window.size_ms} milliseconds", f"{spec.window.step_ms} milliseconds"
+    views = []
+    for side, frame in zip(("left", "right"), (left, right)):
+        windowed = (frame.withColumn("_w", F.window(F.timestamp_millis("event_time"), size, step))
+                    .withColumn("_ws", F.unix_millis("_w.start")).drop("_w"))
+        views.append(f"{view_name(spec.name)}__oracle_{side}")
+        windowed.createOrReplaceTempView(views[-1])
+    return spark.sql(join_sql(spec, *views, left.columns, right.columns))
+
+
 def expected_outputs(spark: SparkSession, r: redis.Redis, plan: JobPlan) -> dict[str, DataFrame]:
     frames: dict[str, DataFrame] = {}
     for name in plan.spec.topological_order():
@@ -145,13 +158,16 @@ def expected_outputs(spark: SparkSession, r: redis.Redis, plan: JobPlan) -> dict
             # Ingest time is not reproducible; a constant keeps queries that select it valid.
             frames[name] = spark.createDataFrame(source_input(r, plan, name)).withColumn("_ingest_ms", F.lit(0))
             continue
-        union = None
+        union, inputs = None, []
         for upstream in op.inputs:
             frame = frames[upstream].filter(op.where) if getattr(op, "where", None) else frames[upstream]
             frame.createOrReplaceTempView(view_name(upstream))
+            inputs.append(frame)
             union = frame if union is None else union.unionByName(frame, allowMissingColumns=True)
         union.createOrReplaceTempView("input")
-        if op.type == "sql":
+        if op.type == "join":
+            frames[name] = _join(spark, op, *inputs)
+        elif op.type == "sql":
             frames[name] = spark.sql(op.query)
         elif op.type == "pyspark":
             frames[name] = load_function(op.function)(union)

@@ -29,7 +29,8 @@ def worker_processes(job: str) -> list[int]:
     return pids
 
 
-@pytest.mark.parametrize("example", ["examples/nexmark-q1.yaml", "examples/nexmark-q2.yaml", "examples/nexmark-q5.yaml"])
+@pytest.mark.parametrize("example", ["examples/nexmark-q1.yaml", "examples/nexmark-q2.yaml", "examples/nexmark-q5.yaml",
+                                     "examples/nexmark-q8.yaml"])
 def test_example_equals_oracle(run, example):
     report = run(example, 12)
     assert_exact(report)

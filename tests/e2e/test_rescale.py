@@ -10,7 +10,8 @@ import threading
 import time
 
 import redis
-from streamjobs_core.control import RescaleRecord
+from streamjobs_core.control import Phase, RescaleRecord
+from streamjobs_core.jobstore import RedisJobStore
 
 from .conftest import ROOT, assert_exact, killer
 
@@ -116,4 +117,41 @@ def test_all_at_once_fluid_and_batched_rescales_lose_nothing_through_sigkills(re
     assert records[1]["moved_key_groups"] == records[1]["steps"] == 6
     assert records[2]["moved_key_groups"] == 8 and records[2]["steps"] == 1
     assert report["restarts"] >= 4
+    assert_exact(report)
+
+
+def test_a_window_join_rescaled_2_4_2_batched_keeps_both_sides_through_sigkills_mid_handover(redis_server, run):
+    """Q8's join (a left join: unmatched persons are padded, so a lost person shows too) is scaled out and
+    back in step by step while both inputs flow; a worker releasing key groups is SIGKILLed in the middle
+    of each handover. Its buffered rows of both sides restart from the changelog and move on."""
+    store = RedisJobStore(redis.Redis.from_url(redis_server.url), "q8-join")
+    killed: list[str] = []
+    during = rescaler([(6, "new-users", 4, "batched"), (3, "new-users", 2, "batched")], settle_s=8)
+
+    def kill_mid_handover(runtime) -> None:  # a rescale blocks the runtime's loop
+        deadline = time.monotonic() + 400
+        while time.monotonic() < deadline and len(killed) < 2:
+            state = store.rescale_state()
+            moving = state is not None and state.phase == Phase.HANDOVER and 0 < len(store.acquired("new-users")) < 18
+            if moving and not killed:
+                runtime.kill("new-users", 0)  # an old owner of 2 -> 4, between its steps
+                killed.append("new-users/0")
+            elif moving and len(killed) == 1 and state.to_parallelism == 2:
+                runtime.kill("new-users", 3)  # an old owner of 4 -> 2, retiring
+                killed.append("new-users/3")
+            time.sleep(0.005)
+
+    def chaos(runtime, elapsed: float) -> None:
+        if not hasattr(chaos, "thread"):
+            chaos.thread = threading.Thread(target=kill_mid_handover, args=(runtime,), daemon=True)
+            chaos.thread.start()
+        during(runtime, elapsed)
+
+    report = run("tests/jobs/q8-join.yaml", 900, during=chaos)
+    assert len(killed) == 2 and report["restarts"] >= 2, killed
+    records = report["rescales"]
+    assert [(x["operator"], x["from"], x["to"], x["strategy"]) for x in records] == [
+        ("new-users", 2, 4, "batched"), ("new-users", 4, 2, "batched")]
+    assert all(x["moved_key_groups"] == 18 for x in records)
+    assert report["verification"]["sinks"]["monitored"]["expected"] > 100
     assert_exact(report)

@@ -294,3 +294,16 @@ def test_runs_round_trip(key_groups: set[int]) -> None:
     # Maximal: consecutive runs are separated by at least one missing key group.
     for (_, hi), (lo, _) in zip(out, out[1:]):
         assert lo > hi + 1
+
+
+def test_a_key_of_several_columns_routes_equal_tuples_alike_whatever_the_column_names() -> None:
+    from streamjobs_core.keygroups import key_groups_of_columns
+
+    left = pa.table({"seller": pa.array([1, 2, 3, 1], pa.int32()), "region": ["eu", "us", "eu", "us"]})
+    right = pa.table({"region": ["us", "eu", "eu", "us"], "id": [1, 1, 3, 2]})
+    a = key_groups_of_columns(left, ("seller", "region"), 128)
+    b = key_groups_of_columns(right, ("id", "region"), 128)
+    assert a.tolist() == [b[1], b[3], b[2], b[0]]
+    assert key_groups_of_columns(left, ("seller",), 128).tolist() == key_groups_of(left.column("seller"), 128).tolist()
+    swapped = key_groups_of_columns(left, ("region", "seller"), 1 << 20)
+    assert swapped.tolist() != key_groups_of_columns(left, ("seller", "region"), 1 << 20).tolist()

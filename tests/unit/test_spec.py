@@ -745,12 +745,12 @@ def _lookup(**stage: Any) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize(("stage", "field", "message"), [
-    ({"table": {"key": "word"}}, "spec.stages[1].lookup.table", "set exactly one of redisKeyPrefix and parquetPath"),
-    ({"table": {"redisKeyPrefix": "w:", "parquetPath": "/t", "key": "word"}}, "spec.stages[1].lookup.table",
+    ({"table": {"key": "word"}}, "spec.stages[1].table", "set exactly one of redisKeyPrefix and parquetPath"),
+    ({"table": {"redisKeyPrefix": "w:", "parquetPath": "/t", "key": "word"}}, "spec.stages[1].table",
      "set exactly one"),
-    ({"inputs": ["words", "count"]}, "spec.stages[1].lookup", "a lookup enriches one input, got 2"),
-    ({"how": "right"}, "spec.stages[1].lookup.how", "'inner' or 'left'"),
-    ({"by": "bad name"}, "spec.stages[1].lookup", "not an identifier: bad name"),
+    ({"inputs": ["words", "count"]}, "spec.stages[1]", "a lookup enriches one input, got 2"),
+    ({"how": "right"}, "spec.stages[1].how", "'inner' or 'left'"),
+    ({"by": "bad name"}, "spec.stages[1]", "not an identifier: bad name"),
 ])
 def test_a_bad_lookup_is_refused_with_its_field(stage: dict, field: str, message: str) -> None:
     with pytest.raises(SpecError) as caught:
@@ -761,3 +761,47 @@ def test_a_bad_lookup_is_refused_with_its_field(stage: dict, field: str, message
 def test_a_lookup_parses_with_its_defaults() -> None:
     stage = parse_job(_lookup()).spec.stages[1]
     assert (stage.how, stage.columns, stage.table.refresh_ms, stage.table.schema_) == ("inner", None, 0, None)
+
+
+def _join(**stage: Any) -> dict[str, Any]:
+    doc = copy.deepcopy(VALID)
+    doc["spec"]["stages"].append({"name": "pair", "type": "join", "inputs": ["words", "count"],
+                                  "on": {"left": ["word"], "right": ["word"]}, "window": {"sizeMs": 1000}, **stage})
+    doc["spec"]["sinks"].append({"name": "pairs", "type": "console", "inputs": ["pair"]})
+    return doc
+
+
+@pytest.mark.parametrize(("stage", "field", "message"), [
+    ({"inputs": ["words"]}, "spec.stages[1]", "a join reads two inputs (left, right), got 1"),
+    ({"on": {"left": ["word", "n"], "right": ["word"]}}, "spec.stages[1].on",
+     "left names 2 key columns, right 1: they pair up"),
+    ({"on": {"left": [], "right": []}}, "spec.stages[1].on.left", "at least 1"),
+    ({"on": {"left": ["a b"], "right": ["word"]}}, "spec.stages[1].on", "not an identifier: a b"),
+    ({"keyBy": "word"}, "spec.stages[1]", "keyBy: a join is keyed by `on`, per input"),
+    ({"window": None}, "spec.stages[1].window", ""),
+    ({"how": "right"}, "spec.stages[1].how", "'inner' or 'left'"),
+    ({"kind": "interval"}, "spec.stages[1].kind", "'window'"),
+    ({"select": ["l.word AS w", " "]}, "spec.stages[1]", "select: an expression is empty"),
+    ({"inputs": ["words", "nowhere"]}, "spec.stages[1].inputs[1]", "unknown operator 'nowhere'"),
+])
+def test_a_bad_join_is_refused_with_its_field(stage: dict, field: str, message: str) -> None:
+    with pytest.raises(SpecError) as caught:
+        parse_job(_join(**stage))
+    assert any(path.startswith(field) and message in text for path, text in caught.value.errors), caught.value.errors
+
+
+def test_a_joins_inputs_are_routed_by_their_own_key_columns() -> None:
+    from streamjobs_core.plan import JobPlan
+
+    doc = _join(on={"left": ["word"], "right": ["n"]})
+    plan = JobPlan(parse_job(doc), 0)
+    assert [(e.upstream, e.key_by) for e in plan.edges_in("pair")] == [("words", ("word",)), ("count", ("n",))]
+    assert [(e.downstream, e.key_by) for e in plan.edges_out("words")] == [("count", ("word",)), ("pair", ("word",))]
+
+
+def test_an_unquoted_on_in_yaml_is_the_join_keys_not_a_boolean(tmp_path: Path) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(_join(), sort_keys=False).replace("'on':", "on:"))
+    assert "\n    on:" in path.read_text()
+    stage = load_job(path).spec.stages[1]
+    assert (stage.on.left, stage.on.right, stage.how, stage.select) == (("word",), ("word",), "inner", None)

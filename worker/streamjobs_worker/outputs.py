@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 from streamjobs_core.codec import encode
-from streamjobs_core.keygroups import key_groups_of
+from streamjobs_core.keygroups import key_groups_of_columns
 from streamjobs_core.plan import Edge, JobPlan
 from streamjobs_core.watermarks import MIN_WATERMARK
 
@@ -77,11 +77,12 @@ class OutputRouter:
             self._round_robin = (start + chunks) % self._key_groups
             size = -(-table.num_rows // chunks)
             return [((start + i) % self._key_groups, table.slice(i * size, size)) for i in range(chunks)]
-        if edge.key_by not in table.column_names:
+        missing = [c for c in edge.key_by if c not in table.column_names]
+        if missing:
             raise MissingKeyColumn(
-                f"output of '{self._op}' lacks column '{edge.key_by}', the keyBy of '{edge.downstream}'"
+                f"output of '{self._op}' lacks column '{missing[0]}', the key of '{edge.downstream}'"
             )
-        kgs = key_groups_of(table.column(edge.key_by), self._key_groups)
+        kgs = key_groups_of_columns(table, edge.key_by, self._key_groups)
         order = np.argsort(kgs, kind="stable")
         sorted_kgs = kgs[order]
         table = table.take(pa.array(order))

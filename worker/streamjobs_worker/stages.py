@@ -164,11 +164,40 @@ def final_value(function: str, partials: list) -> pa.Array | pa.ChunkedArray:
     return partials[0]
 
 
-class WindowAggregate(_SparkStage):
+class _EventTimeStage(_SparkStage):
+    """A stage with timers in event time, kept per key group: a key group taken over from another instance
+    resumes at its own streams' progress, which may lag this instance's other key groups."""
+
+    def __init__(self, spec, store: KeyGroupStore) -> None:
+        super().__init__(spec, store)
+        self._watermarks: dict[int, int] = {}
+
+    def restore(self, watermarks: dict[int, int] | None = None) -> None:
+        for kg in self.store.key_groups:
+            self.acquire(kg, (watermarks or {}).get(kg, MIN_WATERMARK))
+
+    def acquire(self, kg: int, watermark: int = MIN_WATERMARK) -> None:
+        """`watermark`: the key group's committed input watermark, which every timer fired before (a late
+        record after a restart or handover must not open such a window again)."""
+        self._watermarks[kg] = watermark
+
+    def release(self, kg: int) -> None:
+        self._watermarks.pop(kg, None)
+
+    def _fired_before(self, kg: int) -> int:
+        return self._watermarks.get(kg, MIN_WATERMARK)
+
+    def _advance(self, batch, watermark: int) -> None:
+        """Each owned key group's watermark after the batch (never back)."""
+        for kg in self.store.key_groups:
+            mark = watermark if watermark == MAX_WATERMARK else batch.watermarks.get(kg, watermark)
+            self._watermarks[kg] = max(self._fired_before(kg), mark)
+
+
+class WindowAggregate(_EventTimeStage):
     """Keyed event-time windows that fire once: when end + allowed lateness <= the key group's watermark.
 
-    Watermarks are kept per key group: a key group taken over from another instance resumes at its own
-    streams' progress, which may lag this instance's other key groups. State holds a row per (key, window
+    State holds a row per (key, window
     start) with the window's partial aggregates, a segment per window start (state.py): a batch's
     partials merge into the segments of their windows (one group_by per window), and windows fire by
     taking their segments out, per key group against its own watermark.
@@ -183,29 +212,13 @@ class WindowAggregate(_SparkStage):
         self._partials = partial_names(spec)
         self._merges = list(zip(self._partials, (m for a in spec.aggregations for m in _MERGES[a.function])))
         self._steps = spec.window.size_ms // spec.window.step_ms  # windows per record
-        self._watermarks: dict[int, int] = {}
 
     def _views(self) -> set[str]:
         return {"input"}  # partial_sql's
 
-    def restore(self, watermarks: dict[int, int] | None = None) -> None:
-        for kg in self.store.key_groups:
-            self.acquire(kg, (watermarks or {}).get(kg, MIN_WATERMARK))
-
-    def acquire(self, kg: int, watermark: int = MIN_WATERMARK) -> None:
-        """`watermark`: the key group's committed input watermark, which every window fired before (a late
-        record after a restart or handover must not open such a window again)."""
-        self._watermarks[kg] = watermark
-
-    def release(self, kg: int) -> None:
-        self._watermarks.pop(kg, None)
-
     @property
     def _horizon(self) -> int:
         return self.spec.window.size_ms + self.spec.allowed_lateness_ms
-
-    def _fired_before(self, kg: int) -> int:
-        return self._watermarks.get(kg, MIN_WATERMARK)
 
     def _bounds(self) -> dict[int, int]:
         """Per owned key group, the last window start that has fired (end + allowed lateness <= watermark)."""
@@ -215,9 +228,7 @@ class WindowAggregate(_SparkStage):
     def process(self, batch, watermark: int) -> tuple[pa.Table | None, int]:
         if batch.records:
             self._add(batch)
-        for kg in self.store.key_groups:
-            mark = watermark if watermark == MAX_WATERMARK else batch.watermarks.get(kg, watermark)
-            self._watermarks[kg] = max(self._fired_before(kg), mark)
+        self._advance(batch, watermark)
         with phases.phase("state"):
             out = self._fire()
         lateness = self.spec.allowed_lateness_ms
@@ -465,6 +476,10 @@ def state_layout(spec) -> StateLayout | None:
         return WINDOW_STATE
     if spec.type == "stateful":
         return StateLayout(spec.key_by)
+    if spec.type == "join":
+        from .join import JOIN_STATE
+
+        return JOIN_STATE
     return None
 
 
@@ -474,6 +489,10 @@ def make_stage(spec, store: KeyGroupStore, max_parallelism: int, r=None):
         from .lookup import LookupStage  # it builds on this module's stage base
 
         return LookupStage(spec, store, r)
+    if spec.type == "join":
+        from .join import WindowJoin  # it builds on this module's event-time stage
+
+        return WindowJoin(spec, store, max_parallelism)
     if spec.type == "sql":
         return SqlStage(spec, store)
     if spec.type == "pyspark":

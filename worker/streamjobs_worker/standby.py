@@ -20,13 +20,13 @@ from dataclasses import dataclass
 import redis
 from streamjobs_core.jobstore import JobStore
 from streamjobs_core.plan import JobPlan
+from streamjobs_core.spec import STATEFUL_TYPES
 
 from . import recovery
 from .rehearsal import warm_up
 from .stages import state_layout
 from .state import KeyGroupStore, open_store
 
-STATEFUL_OPERATOR_TYPES = ("window_aggregate", "stateful")
 _CATCH_UP_EVERY_S = 0.25
 
 
@@ -56,7 +56,7 @@ def await_epoch(
     keys = plan.keys
     prestaged = None
     upcoming = jobs.upcoming_assignment(op)
-    if spec.type in STATEFUL_OPERATOR_TYPES and upcoming is not None and upcoming.epoch == epoch:
+    if spec.type in STATEFUL_TYPES and upcoming is not None and upcoming.epoch == epoch:
         owned = upcoming.owned_by(instance)
         # Laid out as the stage will bind it: the catch-up applies changes before the stage exists.
         store = open_store(plan.spec.state.backend, owned, state_directory(plan, op, instance, epoch),

@@ -378,6 +378,11 @@ class KeyGroupStore:
                 self._pending.cut(kg, bound)
         return concat(taken)
 
+    def segments(self, kg: int) -> list[int]:
+        """The segments a key group holds rows in, ascending."""
+        self._check([kg])
+        return self._backend.segments(kg)
+
     # --- recovery's view -----------------------------------------------------------------------
 
     def table(self, kg: int) -> pa.Table | None:

@@ -27,6 +27,7 @@ from streamjobs_core.control import InstanceAddress
 from streamjobs_core.jobstore import RedisJobStore
 from streamjobs_core.keygroups import runs
 from streamjobs_core.plan import JobPlan, edge_totals
+from streamjobs_core.spec import STATEFUL_TYPES
 from streamjobs_core.watermarks import MAX_WATERMARK
 
 from . import phases, recovery
@@ -38,7 +39,7 @@ from .ownership import Ownership
 from .pacing import Pacing
 from .rehearsal import rehearse
 from .source_input import SourceInput
-from .standby import STATEFUL_OPERATOR_TYPES, Prestaged, state_directory
+from .standby import Prestaged, state_directory
 from .state import open_store
 from .transaction import Checkpoint, Transaction
 
@@ -110,7 +111,7 @@ class Worker:
 
     def restore(self) -> None:
         self.input.restore()
-        if self.spec.type in STATEFUL_OPERATOR_TYPES:
+        if self.spec.type in STATEFUL_TYPES:
             since = self.prestaged.applied if self.prestaged is not None else None
             self.checkpoint.changelog_ids = recovery.restore(self.r, self.plan.keys, self.op, self.store, since)
         for stage in self.chain.stages:
@@ -231,7 +232,7 @@ class Worker:
             return
         for kg in mine:
             self.store.load(kg, ())
-        if self.spec.type in STATEFUL_OPERATOR_TYPES:
+        if self.spec.type in STATEFUL_TYPES:
             applied: dict[int, bytes] = {}
             recovery.catch_up(self.r, self.plan.keys, self.op, self.store, applied, mine)
             self.checkpoint.changelog_ids.update(applied)
