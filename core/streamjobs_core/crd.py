@@ -123,8 +123,14 @@ def _merge_variants(variants: list[Schema], key: str) -> Schema:
         for name in own:
             prop = dict(variant["properties"][name])
             doc = prop.pop("description", None)
-            if properties.setdefault(name, prop) != prop:
+            # Optional in one variant, required in another: the merged field accepts null (pydantic still
+            # requires it of the variant that does).
+            nullable = prop.pop("nullable", False) or properties.get(name, {}).get("nullable", False)
+            known = {k: v for k, v in properties.setdefault(name, prop).items() if k != "nullable"}
+            if known != prop:
                 raise ValueError(f"field {name!r} of {key} {tag!r} differs from the same field of another {key}")
+            if nullable:
+                properties[name] = {**known, "nullable": True}
             if doc:
                 docs.setdefault(name, {}).setdefault(doc, []).append(tag)
     for name, by_doc in docs.items():

@@ -423,38 +423,66 @@ class JoinKeys(_Model):
 
 
 class JoinStage(_Stage):
-    """Two keyed inputs (left, right) joined in event time: rows with equal keys meet once per window."""
+    """Two keyed inputs (left, right) joined in event time: window, interval or regular (with a state TTL)."""
 
-    # Flink's window join: a pair is emitted once per window holding both rows, when the window's end passes
-    # the watermark; the buffered rows are keyed state, moved per key group like any stage's.
+    # window is Flink's window join: a pair is emitted once per window holding both rows, when the window's end
+    # passes the watermark. interval is Flink's interval join, regular its unbounded join bounded by an
+    # event-time TTL: a pair is emitted as soon as its later row arrives. Buffered rows are keyed state, moved
+    # per key group like any stage's.
 
     type: Literal["join"]
-    kind: Literal["window"] = Field("window", description="window: the rows meet within a tumbling or sliding "
-                                    "window, each pair once per window holding both.")
+    kind: Literal["window", "interval", "regular"] = Field(
+        "window", description="window: rows meet within a tumbling or sliding window, each pair once per window "
+        "holding both, when it fires. interval: a right row meets the left rows it follows by lowerMs to upperMs "
+        "(r.event_time - l.event_time in [lowerMs, upperMs]), at once. regular: any two rows at most ttlMs apart "
+        "in event time meet, at once.")
     # `on` as Flink's and SQL's joins spell it. PyYAML reads it as written here (loading.py); kubectl's
     # YAML 1.1 reader turns an unquoted `on:` into `true:`, so manifests quote it ("on":).
     on: JoinKeys = Field(description="Equi-join keys: {left: [seller], right: [id]}.")
-    window: Window = Field(description="The windows rows meet in.")
+    window: Window | None = Field(None, description="kind window: the windows rows meet in.")
+    lower_ms: int | None = Field(None, description="kind interval: the least r.event_time - l.event_time that meets.")
+    upper_ms: int | None = Field(None, description="kind interval: the most r.event_time - l.event_time that meets.")
+    ttl_ms: int | None = Field(
+        None, ge=1, description="kind regular: how long a row waits for partners, in event time: rows meet when "
+        "at most this far apart, and leave state once the watermark is this far past them.")
     how: Literal["inner", "left"] = Field(
-        "inner", description="inner: matched pairs only; left: also every left row that met no right row in a "
-        "window, with the right side null, when that window fires.")
+        "inner", description="inner: matched pairs only; left: also every left row that met no right row, with "
+        "the right side null, once no partner can come (its window fired, its interval or TTL passed).")
     select: tuple[str, ...] | None = Field(
         None, description="Spark SQL expressions over the matched rows `l` and `r`, e.g. 'l.person_id AS id' "
-        "(default: every column of each side, prefixed l_ and r_). window_start, window_end and event_time "
-        "(the window's last instant) are added to every row.")
+        "(default: every column of each side, prefixed l_ and r_). event_time is added (window: the window's "
+        "last instant, with window_start and window_end; interval and regular: the later row's, or for an "
+        "unmatched left row the end of its wait).")
 
     @model_validator(mode="after")
-    def _two_inputs(self) -> JoinStage:
+    def _shape(self) -> JoinStage:
         if len(self.inputs) != 2:
             raise ValueError(f"inputs: a join reads two inputs (left, right), got {len(self.inputs)}")
         if self.key_by is not None:
             raise ValueError("keyBy: a join is keyed by `on`, per input")
         if any(not item.strip() for item in self.select or ()):
             raise ValueError("select: an expression is empty")
+        wanted = {"window": ("window",), "interval": ("lower_ms", "upper_ms"), "regular": ("ttl_ms",)}
+        for kind, names in wanted.items():
+            for name in names:
+                if (getattr(self, name) is None) == (kind == self.kind):
+                    field = to_camel(name)
+                    article = "an" if self.kind == "interval" else "a"
+                    raise ValueError(f"{field}: {article} {self.kind} join "
+                                     f"{'needs' if kind == self.kind else 'takes no'} {field}")
+        if self.kind == "interval" and self.lower_ms > self.upper_ms:
+            raise ValueError(f"lowerMs: {self.lower_ms} is above upperMs {self.upper_ms}")
         return self
 
     def routing_key(self, upstream: str) -> tuple[str, ...]:
         return self.on.left if upstream == self.inputs[0] else self.on.right
+
+    @property
+    def bounds_ms(self) -> tuple[int, int]:
+        """interval and regular: the least and the most r.event_time - l.event_time that meet."""
+        if self.kind == "regular":
+            return -self.ttl_ms, self.ttl_ms
+        return self.lower_ms, self.upper_ms
 
 
 STATEFUL_TYPES = ("window_aggregate", "stateful", "join")  # stages with keyed state, restored and moved per key group

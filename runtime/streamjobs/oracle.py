@@ -24,7 +24,7 @@ from streamjobs_core import ddl, generators, shedding
 from streamjobs_core.jobstore import RedisJobStore
 from streamjobs_core.plan import JobPlan
 from streamjobs_worker import external
-from streamjobs_worker.join import join_sql
+from streamjobs_worker.join import on_clause, select_list, window_join_sql
 from streamjobs_worker.lookup import load_table, lookup_join
 from streamjobs_worker.stages import load_function, view_name
 
@@ -139,7 +139,19 @@ def _window(df: DataFrame, spec) -> DataFrame:
 
 
 def _join(spark: SparkSession, spec, left: DataFrame, right: DataFrame) -> DataFrame:
-    """Each side's rows once per window holding them (Spark's window()), joined on keys and window."""
+    """window: each side's rows once per window holding them (Spark's window()), joined on keys and window.
+    interval and regular: every pair within the time bounds; an unmatched left row at its time plus upper."""
+    if spec.kind != "window":
+        lower, upper = spec.bounds_ms
+        left.createOrReplaceTempView(f"{view_name(spec.name)}__oracle_left")
+        right.withColumn("_present", F.lit(True)).createOrReplaceTempView(f"{view_name(spec.name)}__oracle_right")
+        how = "LEFT OUTER" if spec.how == "left" else "INNER"
+        return spark.sql(
+            f"SELECT {', '.join(select_list(spec, left.columns, right.columns))}, CASE WHEN r._present IS NULL "
+            f"THEN l.event_time + {upper} ELSE greatest(l.event_time, r.event_time) END AS event_time, "
+            f"CAST(0 AS BIGINT) AS _ingest_ms "
+            f"FROM {view_name(spec.name)}__oracle_left l {how} JOIN {view_name(spec.name)}__oracle_right r "
+            f"ON {on_clause(spec)}")
     size, step = f"{spec.window.size_ms} milliseconds", f"{spec.window.step_ms} milliseconds"
     views = []
     for side, frame in zip(("left", "right"), (left, right)):
@@ -147,7 +159,7 @@ def _join(spark: SparkSession, spec, left: DataFrame, right: DataFrame) -> DataF
                     .withColumn("_ws", F.unix_millis("_w.start")).drop("_w"))
         views.append(f"{view_name(spec.name)}__oracle_{side}")
         windowed.createOrReplaceTempView(views[-1])
-    return spark.sql(join_sql(spec, *views, left.columns, right.columns))
+    return spark.sql(window_join_sql(spec, *views, left.columns, right.columns))
 
 
 def expected_outputs(spark: SparkSession, r: redis.Redis, plan: JobPlan) -> dict[str, DataFrame]:

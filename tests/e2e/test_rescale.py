@@ -35,6 +35,18 @@ def rescaler(plan: list[tuple[float, str, int, str]], settle_s: float = 6.0):
     return during
 
 
+def in_a_thread(watch):
+    """`watch(runtime)` started once, in a thread: a rescale blocks the runtime's loop that calls `during`."""
+    started: list[threading.Thread] = []
+
+    def start(runtime) -> None:
+        if not started:
+            started.append(threading.Thread(target=watch, args=(runtime,), daemon=True))
+            started[0].start()
+
+    return start
+
+
 def test_a_stateful_stage_survives_sigkills_then_a_cli_restart_rescale(redis_server, run):
     """Workers of a stateful user function are SIGKILLed mid-stream; then `streamjobs rescale` asks the
     running job for Flink's stop-and-restart baseline (2 -> 1): exact output throughout."""
@@ -100,10 +112,10 @@ def test_all_at_once_fluid_and_batched_rescales_lose_nothing_through_sigkills(re
                 killed.append("new owner count/0")
             time.sleep(0.01)
 
+    beside = in_a_thread(kill_beside_the_rescales)
+
     def chaos(runtime, elapsed: float) -> None:
-        if not hasattr(chaos, "thread"):
-            chaos.thread = threading.Thread(target=kill_beside_the_rescales, args=(runtime,), daemon=True)
-            chaos.thread.start()
+        beside(runtime)
         if len(during.records) == 1 and len(killed) == 1:
             runtime.kill("count", 0)
             killed.append("new owner count/0")
@@ -141,10 +153,10 @@ def test_a_window_join_rescaled_2_4_2_batched_keeps_both_sides_through_sigkills_
                 killed.append("new-users/3")
             time.sleep(0.005)
 
+    beside = in_a_thread(kill_mid_handover)
+
     def chaos(runtime, elapsed: float) -> None:
-        if not hasattr(chaos, "thread"):
-            chaos.thread = threading.Thread(target=kill_mid_handover, args=(runtime,), daemon=True)
-            chaos.thread.start()
+        beside(runtime)
         during(runtime, elapsed)
 
     report = run("tests/jobs/q8-join.yaml", 900, during=chaos)

@@ -11,16 +11,16 @@ from streamjobs_core.keygroups import key_groups_of
 from streamjobs_core.spec import JoinStage
 from streamjobs_core.watermarks import MAX_WATERMARK
 from streamjobs_worker.inputs import InputBatch
-from streamjobs_worker.join import WindowJoin
+from streamjobs_worker.join import IntervalJoin, WindowJoin, make_join
 from streamjobs_worker.state import ChangeLog, KeyGroupStore, open_store
 
 MAX_P = 12
 
 
-def join(window: dict, how: str = "inner", select=None) -> JoinStage:
+def join(window: dict | None = None, how: str = "inner", select=None, **kind) -> JoinStage:
     return JoinStage.model_validate({
         "name": "j", "type": "join", "inputs": ["people", "sales"], "on": {"left": ["pid"], "right": ["seller"]},
-        "window": window, "how": how, "select": select,
+        "window": window, "how": how, "select": select, **kind,
     })
 
 
@@ -65,11 +65,13 @@ def pairs(table: pa.Table | None) -> Counter:
                    for r in table.to_pylist())
 
 
-def feed(logic: WindowJoin, left: dict, right: dict, lo_t: int, hi_t: int) -> tuple[Counter, int]:
+def feed(logic, left: dict, right: dict, lo_t: int, hi_t: int) -> tuple[pa.Table | None, int]:
+    """The rows of both sides from lo_t to hi_t, then the watermark hi_t; the join's output and watermark."""
     batch = InputBatch(tables={"people": [chunk(left, lo_t, hi_t)], "sales": [chunk(right, lo_t, hi_t)]})
     batch.records = sum(t.num_rows for ts in batch.tables.values() for t in ts)
     out, watermark = logic.process(batch, hi_t)
-    return pairs(out), watermark
+    assert watermark <= hi_t
+    return out, watermark
 
 
 @pytest.mark.parametrize("window,how,backend", [
@@ -85,8 +87,7 @@ def test_window_join_equals_brute_force_and_leaves_no_state(spark, window, how, 
     got: Counter = Counter()
     bounds = [0, 1700, 4100, 6600, 10_000]
     for lo, hi in zip(bounds, bounds[1:]):
-        out, watermark = feed(logic, left, right, lo, hi)
-        assert watermark == hi
+        out = pairs(feed(logic, left, right, lo, hi)[0])
         assert all(ws + spec.window.size_ms <= hi for *_, ws in out), "a window fired before the watermark passed it"
         got += out
     out, watermark = logic.process(InputBatch(), MAX_WATERMARK)
@@ -96,36 +97,6 @@ def test_window_join_equals_brute_force_and_leaves_no_state(spark, window, how, 
     assert sum(want.values()) > 100
     assert got == want
     assert all(logic.store.table(kg) is None for kg in logic.store.key_groups), "fired windows leave no state"
-
-
-def test_buffered_rows_of_both_sides_move_as_snapshot_and_changelog_and_still_meet(spark):
-    """Half the key groups leave after two batches: a snapshot (both sides' rows in one table per key group)
-    goes to a second instance; the rest of the first instance's state is rebuilt from its changelog alone."""
-    left, right = sides(np.random.default_rng(5), 600, 30, 8000)
-    spec = join({"type": "sliding", "sizeMs": 2000, "slideMs": 1000}, "left")
-    first = WindowJoin(spec, KeyGroupStore(range(MAX_P)), MAX_P)
-    got, log = Counter(), ChangeLog()
-    for lo, hi in ((0, 1500), (1500, 3300)):
-        got += feed(first, left, right, lo, hi)[0]
-        for kg, changes in first.store.drain_changes().items():
-            log.add(kg, changes)
-    moved, kept = tuple(range(0, MAX_P, 2)), tuple(range(1, MAX_P, 2))
-    second = WindowJoin(spec, KeyGroupStore(()), MAX_P)
-    replayed = WindowJoin(spec, KeyGroupStore(kept), MAX_P)
-    for kg in moved:
-        second.store.load(kg, first.store.table(kg))
-    for kg, changes in log.fold(first.store.layout).items():
-        if kg in kept:
-            replayed.store.apply(kg, changes)
-    for logic, kgs in ((second, moved), (replayed, kept)):
-        logic.restore({kg: 3300 for kg in kgs})
-        mine_l = np.isin(key_groups_of(left["pid"], MAX_P), kgs)
-        mine_r = np.isin(key_groups_of(right["seller"], MAX_P), kgs)
-        part_l = {k: np.asarray(v)[mine_l] for k, v in left.items()}
-        part_r = {k: np.asarray(v)[mine_r] for k, v in right.items()}
-        got += feed(logic, part_l, part_r, 3300, 8000)[0]
-        got += pairs(logic.process(InputBatch(), MAX_WATERMARK)[0])
-    assert got == brute_force(left, right, 2000, 1000, "left")
 
 
 def test_late_rows_are_dropped_and_counted(spark):
@@ -162,3 +133,101 @@ def test_a_left_join_pads_rows_whose_window_had_no_right_row(spark):
     out, _ = logic.process(InputBatch(tables={"people": [people]}, records=2), MAX_WATERMARK)
     assert sorted(r["l_name"] for r in out.to_pylist()) == ["a", "b"]
     assert all(r["window_start"] == 0 for r in out.to_pylist())
+
+
+def interval_brute_force(left: dict, right: dict, lower: int, upper: int, how: str) -> Counter:
+    out: Counter = Counter()
+    for pid, name, lt in zip(left["pid"], left["name"], left["event_time"]):
+        met = False
+        for seller, amount, rt in zip(right["seller"], right["amount"], right["event_time"]):
+            if seller == pid and lower <= rt - lt <= upper:
+                out[(int(pid), name, int(seller), int(amount), int(max(lt, rt)))] += 1
+                met = True
+        if not met and how == "left":
+            out[(int(pid), name, None, None, int(lt) + upper)] += 1
+    return out
+
+
+def timed_pairs(table: pa.Table | None) -> Counter:
+    if table is None:
+        return Counter()
+    return Counter((r["l_pid"], r["l_name"], r["r_seller"], r["r_amount"], r["event_time"]) for r in table.to_pylist())
+
+
+@pytest.mark.parametrize("kind,how,backend", [
+    ({"kind": "interval", "lowerMs": -300, "upperMs": 700}, "inner", "memory"),
+    ({"kind": "interval", "lowerMs": 200, "upperMs": 900}, "left", "rocksdb"),
+    ({"kind": "regular", "ttlMs": 1500}, "left", "memory"),
+])
+def test_interval_and_regular_joins_equal_brute_force_and_leave_no_state(spark, kind, how, backend, tmp_path):
+    left, right = sides(np.random.default_rng(11), 600, 40, 10_000)
+    spec = join(None, how, **kind)
+    lower, upper = spec.bounds_ms
+    logic = IntervalJoin(spec, open_store(backend, range(MAX_P), str(tmp_path / "state")), MAX_P)
+    got: Counter = Counter()
+    bounds = [0, 900, 2500, 2600, 5300, 8000, 10_000]
+    previous_out_wm = None
+    for lo, hi in zip(bounds, bounds[1:]):
+        out, out_wm = feed(logic, left, right, lo, hi)
+        found = timed_pairs(out)
+        if previous_out_wm is not None:
+            assert all(t >= previous_out_wm for *_, t in found), "a result is late behind the output watermark"
+        previous_out_wm = out_wm
+        got += found
+    out, watermark = logic.process(InputBatch(), MAX_WATERMARK)
+    got += timed_pairs(out)
+    assert watermark == MAX_WATERMARK
+    want = interval_brute_force(left, right, lower, upper, how)
+    assert sum(want.values()) > 100
+    assert got == want
+    assert all(logic.store.table(kg) is None for kg in logic.store.key_groups), "expired rows leave no state"
+
+
+@pytest.mark.parametrize("kind", [{"window": {"type": "sliding", "sizeMs": 2000, "slideMs": 1000}},
+                                  {"window": None, "kind": "interval", "lowerMs": -500, "upperMs": 1500}],
+                         ids=["window", "interval"])
+def test_waiting_rows_of_both_sides_move_as_snapshot_and_changelog_and_still_meet(spark, kind):
+    """Half the key groups leave after two batches: a snapshot (both sides' rows in one table per key group,
+    with whether a left row met anyone) goes to a second instance; the rest of the first instance's state is
+    rebuilt from its changelog alone."""
+    left, right = sides(np.random.default_rng(13), 500, 30, 8000)
+    spec = join(how="left", **kind)
+    first = make_join(spec, KeyGroupStore(range(MAX_P)), MAX_P)
+    got, log = Counter(), ChangeLog()
+    for lo, hi in ((0, 1500), (1500, 3300)):
+        got += timed_pairs(feed(first, left, right, lo, hi)[0])
+        for kg, changes in first.store.drain_changes().items():
+            log.add(kg, changes)
+    moved, kept = tuple(range(0, MAX_P, 2)), tuple(range(1, MAX_P, 2))
+    second = make_join(spec, KeyGroupStore(()), MAX_P)
+    replayed = make_join(spec, KeyGroupStore(kept), MAX_P)
+    for kg in moved:
+        second.store.load(kg, first.store.table(kg))
+    for kg, changes in log.fold(first.store.layout).items():
+        if kg in kept:
+            replayed.store.apply(kg, changes)
+    for logic, kgs in ((second, moved), (replayed, kept)):
+        logic.restore({kg: 3300 for kg in kgs})
+        mine_l = np.isin(key_groups_of(left["pid"], MAX_P), kgs)
+        mine_r = np.isin(key_groups_of(right["seller"], MAX_P), kgs)
+        part_l = {k: np.asarray(v)[mine_l] for k, v in left.items()}
+        part_r = {k: np.asarray(v)[mine_r] for k, v in right.items()}
+        got += timed_pairs(feed(logic, part_l, part_r, 3300, 8000)[0])
+        got += timed_pairs(logic.process(InputBatch(), MAX_WATERMARK)[0])
+    if spec.kind == "window":
+        want = brute_force(left, right, 2000, 1000, "left")
+        got = Counter({(*row[:4], row[4] - 1999): n for row, n in got.items()})  # event_time = window end - 1
+    else:
+        want = interval_brute_force(left, right, -500, 1500, "left")
+    assert sum(want.values()) > 100
+    assert got == want
+
+
+def test_an_interval_join_drops_rows_behind_the_watermark(spark):
+    logic = IntervalJoin(join(None, kind="interval", lowerMs=0, upperMs=1000), KeyGroupStore(range(MAX_P)), MAX_P)
+    people = pa.table({"pid": [1], "name": ["a"], "event_time": [2500]})
+    assert logic.process(InputBatch(tables={"people": [people]}, records=1), 2400)[0] is None
+    sales = pa.table({"seller": [1, 1], "amount": [5, 6], "event_time": [2300, 2600]})
+    out, _ = logic.process(InputBatch(tables={"sales": [sales]}, records=2), 2450)
+    assert logic.late_records == 1  # the sale at 2300, behind the watermark 2400
+    assert timed_pairs(out) == Counter({(1, "a", 1, 6, 2600): 1})

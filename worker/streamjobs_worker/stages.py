@@ -490,9 +490,9 @@ def make_stage(spec, store: KeyGroupStore, max_parallelism: int, r=None):
 
         return LookupStage(spec, store, r)
     if spec.type == "join":
-        from .join import WindowJoin  # it builds on this module's event-time stage
+        from .join import make_join  # it builds on this module's event-time stage
 
-        return WindowJoin(spec, store, max_parallelism)
+        return make_join(spec, store, max_parallelism)
     if spec.type == "sql":
         return SqlStage(spec, store)
     if spec.type == "pyspark":
