@@ -1,4 +1,4 @@
-"""Deterministic NEXMark and Zipf sources with random access by record index.
+"""Deterministic NEXMark, Zipf and YSB sources with random access by record index.
 
 Every field of record g is a pure function of (spec, t0_ms, g): randomness comes
 from a counter-based hash, never from RNG state, so a worker resumes at any
@@ -17,10 +17,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from streamjobs_core.rates import RateCurve
-from streamjobs_core.spec import NexmarkSource, RateProfile, ZipfSource
+from streamjobs_core.spec import NexmarkSource, RateProfile, YsbSource, ZipfSource
 from streamjobs_core.watermarks import MAX_WATERMARK
 
-GeneratorSource = NexmarkSource | ZipfSource
+GeneratorSource = NexmarkSource | ZipfSource | YsbSource
 
 
 NEXMARK_SCHEMA = pa.schema(
@@ -48,6 +48,21 @@ NEXMARK_SCHEMA = pa.schema(
 ZIPF_SCHEMA = pa.schema(
     [pa.field("word", pa.string(), nullable=False), pa.field("event_time", pa.int64(), nullable=False)]
 )
+
+YSB_SCHEMA = pa.schema(
+    [
+        pa.field("user_id", pa.string(), nullable=False),
+        pa.field("page_id", pa.string(), nullable=False),
+        pa.field("ad_id", pa.string(), nullable=False),
+        pa.field("ad_type", pa.string(), nullable=False),
+        pa.field("event_type", pa.string(), nullable=False),
+        pa.field("ip_address", pa.string(), nullable=False),
+        pa.field("event_time", pa.int64(), nullable=False),
+    ]
+)
+YSB_AD_TYPES = ("banner", "modal", "sponsored-search", "mail", "mobile")
+YSB_EVENT_TYPES = ("view", "click", "purchase")
+_YSB_USERS = _YSB_PAGES = 100
 
 PERSON, AUCTION, BID = 0, 1, 2
 
@@ -94,6 +109,12 @@ class _Salt(IntEnum):
     PRICE = 12
     CHANNEL = 13
     WORD = 14
+    USER = 15
+    PAGE = 16
+    AD = 17
+    AD_TYPE = 18
+    EVENT_TYPE = 19
+    IP = 20
 
 
 # --- partitions ------------------------------------------------------------
@@ -203,7 +224,9 @@ def _indices(g: np.ndarray) -> np.ndarray:
 
 
 def schema(spec: GeneratorSource) -> pa.Schema:
-    return NEXMARK_SCHEMA if isinstance(spec, NexmarkSource) else ZIPF_SCHEMA
+    if isinstance(spec, NexmarkSource):
+        return NEXMARK_SCHEMA
+    return YSB_SCHEMA if isinstance(spec, YsbSource) else ZIPF_SCHEMA
 
 
 def generate(spec: GeneratorSource, t0_ms: int, g: np.ndarray) -> pa.Table:
@@ -211,6 +234,8 @@ def generate(spec: GeneratorSource, t0_ms: int, g: np.ndarray) -> pa.Table:
     g = _indices(g)
     if isinstance(spec, NexmarkSource):
         return _nexmark(spec, t0_ms, g)
+    if isinstance(spec, YsbSource):
+        return _ysb(spec, t0_ms, g)
     return _zipf(spec, t0_ms, g)
 
 
@@ -327,3 +352,34 @@ def _zipf(spec: ZipfSource, t0_ms: int, g: np.ndarray) -> pa.Table:
     rank = np.searchsorted(_zipf_cdf(spec.vocabulary, spec.exponent), u, side="right") + 1
     word = pc.binary_join_element_wise("w", pc.cast(pa.array(rank), pa.string()), "")
     return pa.Table.from_arrays([word, pa.array(event_times(spec, t0_ms, g))], schema=ZIPF_SCHEMA)
+
+
+def ysb_ad_id(ad: np.ndarray | int):
+    return f"ad-{ad}" if isinstance(ad, int) else pc.binary_join_element_wise("ad-", pc.cast(pa.array(ad), pa.string()), "")
+
+
+def ysb_campaigns(spec: YsbSource) -> pa.Table:
+    """The ad -> campaign table the benchmark keeps in Redis: `ad_id`, `campaign_id`."""
+    ads = np.arange(spec.campaigns * spec.ads_per_campaign)
+    campaign = pc.binary_join_element_wise("campaign-", pc.cast(pa.array(ads // spec.ads_per_campaign), pa.string()), "")
+    return pa.table({"ad_id": ysb_ad_id(ads), "campaign_id": campaign})
+
+
+def _named(prefix: str, u: np.ndarray, n: int) -> pa.Array:
+    return pc.binary_join_element_wise(prefix, pc.cast(pa.array(_below(u, n)), pa.string()), "")
+
+
+def _ysb(spec: YsbSource, t0_ms: int, g: np.ndarray) -> pa.Table:
+    ad = _below(_uniform(spec.seed, _Salt.AD, g), spec.campaigns * spec.ads_per_campaign)
+    ip = _below(_uniform(spec.seed, _Salt.IP, g), 2**32).astype(np.int64)
+    octets = [pc.cast(pa.array((ip >> shift) & 255), pa.string()) for shift in (24, 16, 8, 0)]
+    return pa.Table.from_arrays([
+        _named("user-", _uniform(spec.seed, _Salt.USER, g), _YSB_USERS),
+        _named("page-", _uniform(spec.seed, _Salt.PAGE, g), _YSB_PAGES),
+        ysb_ad_id(ad),
+        pa.array(YSB_AD_TYPES).take(pa.array(_below(_uniform(spec.seed, _Salt.AD_TYPE, g), len(YSB_AD_TYPES)))),
+        pa.array(YSB_EVENT_TYPES).take(pa.array(_below(_uniform(spec.seed, _Salt.EVENT_TYPE, g),
+                                                       len(YSB_EVENT_TYPES)))),
+        pc.binary_join_element_wise(*octets, "."),
+        pa.array(event_times(spec, t0_ms, g)),
+    ], schema=YSB_SCHEMA)

@@ -35,7 +35,7 @@ def _strip_union_tags(loc: tuple) -> tuple:
                                                       and p in _VARIANT_TAGS))
 
 
-_VARIANT_TAGS = {"nexmark", "zipf", "redis_stream", "sql", "pyspark", "window_aggregate", "stateful", "lookup",
+_VARIANT_TAGS = {"nexmark", "zipf", "ysb", "redis_stream", "sql", "pyspark", "window_aggregate", "stateful", "over", "lookup",
                  "join", "parquet", "console"}
 
 

@@ -11,7 +11,7 @@ from .keygroups import Assignment
 from .layout import JobKeys
 from .spec import StreamJob
 
-SPARK_OPERATOR_TYPES = ("sql", "pyspark", "window_aggregate", "stateful", "lookup", "join", "parquet")
+SPARK_OPERATOR_TYPES = ("sql", "pyspark", "window_aggregate", "stateful", "over", "lookup", "join", "parquet")
 
 
 @dataclass(frozen=True)

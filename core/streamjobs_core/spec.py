@@ -143,6 +143,16 @@ class NexmarkSource(_GeneratorSource):
     active_auctions: int = Field(1000, ge=1, description="Bids pick among this many most recent auctions.")
 
 
+class YsbSource(_GeneratorSource):
+    """Deterministic ad events of the Yahoo Streaming Benchmark: views, clicks and purchases of ads."""
+
+    # The benchmark's generator (yahoo/streaming-benchmarks): 100 campaigns of 10 ads, events spread evenly
+    # over ads, ad types and the three event types; ad i belongs to campaign i // adsPerCampaign.
+    type: Literal["ysb"]
+    campaigns: int = Field(100, ge=1)
+    ads_per_campaign: int = Field(10, ge=1)
+
+
 class ZipfSource(_GeneratorSource):
     """Deterministic skewed words: column `word`, ranks drawn from a Zipf law."""
 
@@ -243,7 +253,7 @@ class RedisStreamSource(_Operator):
         return self.payload_field or "data"
 
 
-Source = Annotated[NexmarkSource | ZipfSource | RedisStreamSource, Field(discriminator="type")]
+Source = Annotated[NexmarkSource | ZipfSource | YsbSource | RedisStreamSource, Field(discriminator="type")]
 
 
 # --- stages ----------------------------------------------------------------
@@ -359,6 +369,29 @@ class StatefulStage(_Stage):
     @classmethod
     def _check_function(cls, value: str) -> str:
         return _function_ref(value)
+
+
+class OverStage(_Stage):
+    """Each record with aggregates over the last `rows` records of its key (itself included), in event time."""
+
+    # SQL's ROWS BETWEEN rows - 1 PRECEDING AND CURRENT ROW (Flink's bounded OVER aggregation): records wait
+    # until the watermark passes them, then go out in (orderBy) order, so the result does not depend on
+    # arrival order; a record behind the watermark is late, dropped and counted.
+    type: Literal["over"]
+    rows: int = Field(ge=1, description="How many records, the current one included, each aggregate covers.")
+    order_by: tuple[str, ...] = Field(
+        ("event_time",), min_length=1, description="The order of a key's records: event_time first, then "
+        "columns that break its ties (records tied on all of them come in no fixed order).")
+    aggregations: tuple[Aggregation, ...] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _ordered_by_time(self) -> OverStage:
+        if self.order_by[0] != "event_time":
+            raise ValueError(f"orderBy: records are ordered by event_time first, not {self.order_by[0]!r}")
+        bad = [c for c in self.order_by if not _IDENTIFIER.match(c)]
+        if bad:
+            raise ValueError(f"orderBy: not an identifier: {', '.join(bad)}")
+        return self
 
 
 class LookupTable(_Model):
@@ -485,10 +518,10 @@ class JoinStage(_Stage):
         return self.lower_ms, self.upper_ms
 
 
-STATEFUL_TYPES = ("window_aggregate", "stateful", "join")  # stages with keyed state, restored and moved per key group
+STATEFUL_TYPES = ("window_aggregate", "stateful", "join", "over")  # stages with keyed state, restored and moved per key group
 
 Stage = Annotated[
-    SqlStage | PySparkStage | WindowAggregateStage | StatefulStage | LookupStage | JoinStage,
+    SqlStage | PySparkStage | WindowAggregateStage | StatefulStage | OverStage | LookupStage | JoinStage,
     Field(discriminator="type"),
 ]
 
@@ -748,8 +781,9 @@ def graph_errors(spec: StreamJobSpec) -> list[tuple[str, str]]:
             if len(set(op.inputs)) != len(op.inputs):
                 errors.append((f"spec.{group}[{i}].inputs", "lists an input twice"))
     for i, stage in enumerate(spec.stages):
-        if stage.type in ("window_aggregate", "stateful") and not stage.key_by:
-            errors.append((f"spec.stages[{i}].keyBy", f"a {stage.type} stage needs keyBy"))
+        if stage.type in ("window_aggregate", "stateful", "over") and not stage.key_by:
+            article = "an" if stage.type == "over" else "a"
+            errors.append((f"spec.stages[{i}].keyBy", f"{article} {stage.type} stage needs keyBy"))
     if not errors:
         errors.extend(_cycle_errors(spec))
     consumed = {name for op in (*spec.stages, *spec.sinks) for name in op.inputs}

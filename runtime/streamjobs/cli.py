@@ -124,6 +124,10 @@ def _bench(args) -> int:
 
         png = str(Path(args.json).with_suffix(".png")) if args.json else None
         measured = rescale.run(args.quick, args.state_mb, png, args.strategy)
+    elif args.name == "state":
+        from .bench import state
+
+        measured = state.run(args.quick, args.job, args.operator)
     elif args.name == "latency":
         from .bench import latency
 
@@ -200,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     rescale.set_defaults(func=_rescale)
 
     bench = sub.add_parser("bench", help="benchmarks measured on this machine")
-    bench.add_argument("name", choices=["throughput", "latency", "hop", "autoscale", "rescale"])
+    bench.add_argument("name", choices=["throughput", "latency", "hop", "autoscale", "rescale", "state"])
     bench.add_argument("--scenario", action="append", default=None,
                        help="autoscale: run only this load profile (repeatable)")
     bench.add_argument("--strategy", action="append", default=None, choices=STRATEGIES,
@@ -208,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--quick", action="store_true", help="a run of a few minutes")
     bench.add_argument("--state-mb", type=float, default=None,
                        help="rescale: the large state for handover_growth (default 500, --quick 200)")
+    bench.add_argument("--job", default=None, help="state: the job to run (default examples/nexmark-q8.yaml)")
+    bench.add_argument("--operator", default=None, help="state: the operator whose state is sampled (default new-users)")
     bench.add_argument("--json", default=None, help="write the results here")
     bench.set_defaults(func=_bench)
 

@@ -26,6 +26,7 @@ from streamjobs_core.plan import JobPlan
 from streamjobs_worker import external
 from streamjobs_worker.join import on_clause, select_list, window_join_sql
 from streamjobs_worker.lookup import load_table, lookup_join
+from streamjobs_worker.over import over_sql
 from streamjobs_worker.stages import load_function, view_name
 
 
@@ -185,6 +186,8 @@ def expected_outputs(spark: SparkSession, r: redis.Redis, plan: JobPlan) -> dict
             frames[name] = load_function(op.function)(union)
         elif op.type == "window_aggregate":
             frames[name] = _window(union, op)
+        elif op.type == "over":
+            frames[name] = spark.sql(over_sql(op, "input", union.columns))
         elif op.type == "lookup":
             frames[name] = lookup_join(union, load_table(spark, r, op), op)
         elif op.type == "stateful":

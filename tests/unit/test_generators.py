@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 from streamjobs_core import generators as gen
 from streamjobs_core.rates import RateCurve
-from streamjobs_core.spec import NexmarkSource, RateProfile, ZipfSource
+from streamjobs_core.spec import NexmarkSource, RateProfile, YsbSource, ZipfSource
 
 pytestmark = pytest.mark.unit
 
@@ -148,6 +148,7 @@ def test_local_total() -> None:
 SOURCES = {
     "nexmark": nexmark(seed=7, out_of_order_ms=250, rate=PROFILES["sine_full"], active_auctions=40),
     "zipf": ZipfSource(name="words", type="zipf", seed=7, out_of_order_ms=250, rate=PROFILES["spike"]),
+    "ysb": YsbSource(name="ads", type="ysb", seed=7, out_of_order_ms=100, rate=PROFILES["steps"]),
 }
 
 
@@ -157,7 +158,7 @@ def test_generate_is_deterministic(name: str) -> None:
     g = np.arange(20_000)
     table = gen.generate(spec, T0, g)
     assert table.equals(gen.generate(spec, T0, g))
-    assert table.schema == (gen.NEXMARK_SCHEMA if name == "nexmark" else gen.ZIPF_SCHEMA)
+    assert table.schema == {"nexmark": gen.NEXMARK_SCHEMA, "zipf": gen.ZIPF_SCHEMA, "ysb": gen.YSB_SCHEMA}[name]
     assert np.array_equal(column(table, "event_time"), gen.event_times(spec, T0, g))
     other_seed = gen.generate(spec.model_copy(update={"seed": 8}), T0, g)
     assert not table.equals(other_seed)
@@ -349,3 +350,15 @@ def test_zipf_words_follow_the_law() -> None:
 def test_zipf_single_word_vocabulary() -> None:
     spec = ZipfSource(name="words", type="zipf", vocabulary=1)
     assert set(column(gen.generate(spec, T0, np.arange(1000)), "word")) == {"w1"}
+
+
+def test_ysb_events_spread_over_ads_types_and_the_campaign_table_covers_every_ad() -> None:
+    spec = YsbSource(name="ads", type="ysb", campaigns=20, ads_per_campaign=5)
+    events = gen.generate(spec, T0, np.arange(60_000)).to_pandas()
+    assert set(events.event_type) == set(gen.YSB_EVENT_TYPES) and set(events.ad_type) == set(gen.YSB_AD_TYPES)
+    assert events.event_type.value_counts(normalize=True).between(0.3, 0.37).all()
+    table = gen.ysb_campaigns(spec).to_pandas()
+    assert len(table) == 100 and table.ad_id.is_unique and table.campaign_id.nunique() == 20
+    assert set(events.ad_id) == set(table.ad_id)
+    assert table.set_index("ad_id").campaign_id["ad-7"] == "campaign-1"
+    assert all(len(ip.split(".")) == 4 and all(0 <= int(o) < 256 for o in ip.split(".")) for ip in events.ip_address[:50])

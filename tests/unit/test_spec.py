@@ -811,3 +811,19 @@ def test_an_unquoted_on_in_yaml_is_the_join_keys_not_a_boolean(tmp_path: Path) -
     assert "\n    on:" in path.read_text()
     stage = load_job(path).spec.stages[1]
     assert (stage.on.left, stage.on.right, stage.how, stage.select) == (("word",), ("word",), "inner", None)
+
+
+@pytest.mark.parametrize(("stage", "field", "message"), [
+    ({"orderBy": ["sale"]}, "spec.stages[1]", "orderBy: records are ordered by event_time first, not 'sale'"),
+    ({"orderBy": ["event_time", "a b"]}, "spec.stages[1]", "orderBy: not an identifier: a b"),
+    ({"rows": 0}, "spec.stages[1].rows", "greater than or equal to 1"),
+    ({"keyBy": None}, "spec.stages[1].keyBy", "an over stage needs keyBy"),
+])
+def test_a_bad_over_stage_is_refused_with_its_field(stage: dict, field: str, message: str) -> None:
+    doc = copy.deepcopy(VALID)
+    doc["spec"]["stages"].append({"name": "last", "type": "over", "inputs": ["count"], "keyBy": "word", "rows": 3,
+                                  "aggregations": [{"function": "count", "as": "m"}], **stage})
+    doc["spec"]["sinks"].append({"name": "lasts", "type": "console", "inputs": ["last"]})
+    with pytest.raises(SpecError) as caught:
+        parse_job(doc)
+    assert any(path.startswith(field) and message in text for path, text in caught.value.errors), caught.value.errors

@@ -480,6 +480,10 @@ def state_layout(spec) -> StateLayout | None:
         from .join import JOIN_STATE
 
         return JOIN_STATE
+    if spec.type == "over":
+        from .over import OVER_STATE
+
+        return OVER_STATE
     return None
 
 
@@ -493,6 +497,10 @@ def make_stage(spec, store: KeyGroupStore, max_parallelism: int, r=None):
         from .join import make_join  # it builds on this module's event-time stage
 
         return make_join(spec, store, max_parallelism)
+    if spec.type == "over":
+        from .over import Over  # it builds on this module's event-time stage
+
+        return Over(spec, store, max_parallelism)
     if spec.type == "sql":
         return SqlStage(spec, store)
     if spec.type == "pyspark":

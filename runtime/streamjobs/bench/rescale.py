@@ -16,6 +16,11 @@ State size is set with ballast: window state in windows that never fire
 (they start beyond any watermark), written as snapshots before the workers
 start, so it is restored, prestaged and moved like any other state.
 
+The same is measured for a join (`join`): NEXMark Q8's window join (persons
+with the sellers of the same 1 s window, a left join so that every person
+comes out) scaled 2 -> 4 -> 2, whose moved key groups carry both inputs'
+buffered rows.
+
 For fluid and batched, `handover_ms` is the longest step: the time from a
 step's markers (or, for a backlogged old owner, release requests) to its key
 groups' take-over, which bounds what one moved key group waits;
@@ -26,6 +31,8 @@ all_at_once and restart it is the whole switch.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import msgpack
@@ -45,6 +52,7 @@ from ..redis_server import RedisServer
 from ..run import run_job
 
 STAGE, SINK = "count", "counts"
+JOIN_STAGE, JOIN_SINK = "new-users", "monitored"
 MEASURED = ("all_at_once", "fluid", "batched", "restart")
 BIN_MS = 100
 RATE = 2000
@@ -70,6 +78,46 @@ def bench_job(name: str) -> StreamJob:
     })
 
 
+@dataclass(frozen=True)
+class Bench:
+    """A job to rescale: which stage moves, where its output goes, which output column names its key."""
+
+    job: StreamJob
+    stage: str
+    sink: str
+    key: str
+    prepare: Callable | None = None
+
+
+def window_bench(name: str, state_mb: float) -> Bench:
+    return Bench(bench_job(name), STAGE, SINK, "word", ballast(state_mb))
+
+
+def join_bench(name: str) -> Bench:
+    """NEXMark Q8's join (examples/nexmark-q8.yaml) with 1 s windows, left outer: every person comes out."""
+    job = parse_job({
+        "apiVersion": "streamjobs.dev/v1alpha1", "kind": "StreamJob", "metadata": {"name": name},
+        "spec": {
+            "sources": [{"name": "events", "type": "nexmark", "seed": 8, "outOfOrderMs": 100,
+                         "rate": {"profile": "constant", "recordsPerSecond": RATE}}],
+            "stages": [
+                {"name": "persons", "type": "sql", "inputs": ["events"],
+                 "query": "SELECT person_id, person_name, event_time, _ingest_ms FROM input WHERE event_type = 0"},
+                {"name": "sellers", "type": "window_aggregate", "inputs": ["events"], "where": "event_type = 1",
+                 "keyBy": "auction_seller", "window": {"type": "tumbling", "sizeMs": 1000},
+                 "aggregations": [{"function": "count", "as": "auctions"}]},
+                {"name": JOIN_STAGE, "type": "join", "inputs": ["persons", "sellers"], "how": "left",
+                 "on": {"left": ["person_id"], "right": ["auction_seller"]}, "parallelism": 2,
+                 "window": {"type": "tumbling", "sizeMs": 1000},
+                 "select": ["l.person_id AS id", "l.person_name AS name", "r.auctions AS auctions"]},
+            ],
+            "sinks": [{"name": JOIN_SINK, "type": "redis_stream", "inputs": [JOIN_STAGE]}],
+            # No spares: every operator would keep its own (six more JVMs on two cores).
+        },
+    })
+    return Bench(job, JOIN_STAGE, JOIN_SINK, "id")
+
+
 def ballast(state_mb: float):
     """`prepare` hook: `state_mb` MB of never-firing window state, spread over the stage's key groups:
     rows of long keys in the window that starts at MAX_WATERMARK."""
@@ -87,19 +135,20 @@ def ballast(state_mb: float):
     return prepare
 
 
-def state_bytes(r, keys, kgs: list[int]) -> int:
+def state_bytes(r, keys, kgs: list[int], stage: str = STAGE) -> int:
     """Durable state of these key groups: snapshot plus changelog tail, as Redis stores them."""
     pipe = r.pipeline(transaction=False)
     for kg in kgs:
-        pipe.strlen(keys.snapshot(STAGE, kg))
-        pipe.memory_usage(keys.changelog(STAGE, kg))
+        pipe.strlen(keys.snapshot(stage, kg))
+        pipe.memory_usage(keys.changelog(stage, kg))
     return sum(int(v or 0) for v in pipe.execute())
 
 
 class Rescaler:
     """`during` hook: steady, scale out, steady, scale in, steady, stop; times every rescale on the wall clock."""
 
-    def __init__(self, strategy: str, steps: list[int], steady_s: float) -> None:
+    def __init__(self, stage: str, strategy: str, steps: list[int], steady_s: float) -> None:
+        self.stage = stage
         self.strategy = strategy
         self.steps = list(steps)
         self.steady_s = steady_s
@@ -113,12 +162,12 @@ class Rescaler:
             runtime.request_stop()
             return
         to = self.steps.pop(0)
-        current = runtime.parallelism[STAGE]
-        key_groups = runtime.plan.key_groups(STAGE)
+        current = runtime.parallelism[self.stage]
+        key_groups = runtime.plan.key_groups(self.stage)
         moved = [m.key_group for m in moves(Assignment.ranges(current, key_groups), Assignment.ranges(to, key_groups))]
-        before = state_bytes(runtime.r, runtime.keys, moved)
+        before = state_bytes(runtime.r, runtime.keys, moved, self.stage)
         started_ms = time.time() * 1000
-        record = runtime.rescale(STAGE, to, self.strategy)
+        record = runtime.rescale(self.stage, to, self.strategy)
         self.rescales.append({"record": record, "moved": moved, "bytes_moved": before,
                               "start_ms": started_ms, "end_ms": time.time() * 1000})
         self._last_end = elapsed + record.rescale_s
@@ -134,15 +183,18 @@ def latency_by_time(r, keys) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(times, dtype=np.int64), np.asarray(values, dtype=np.float64)
 
 
-def outputs_by_key_group(r, keys, max_parallelism: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def outputs_by_key_group(r, keys, bench: Bench) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(time ms, key group, latency ms) of every output record: when the sink committed it, and that less
     its window's end."""
-    times, words, ends = [], [], []
-    for entry_id, fields in r.xrange(keys.output_stream(SINK)):
+    times, values, ends = [], [], []
+    for entry_id, fields in r.xrange(keys.output_stream(bench.sink)):
         times.append(int(entry_id.split(b"-")[0]))
-        words.append(fields[b"word"].decode())
+        values.append(fields[bench.key.encode()].decode())
         ends.append(int(fields[b"window_end"]))
-    groups = key_groups_of(np.asarray(words, dtype=object), max_parallelism) if words else np.zeros(0, dtype=np.int64)
+    # The sink writes text: a key is hashed as the stage hashed it (an integer key as an integer).
+    integral = values and all(v.lstrip("-").isdigit() for v in values)
+    column = np.asarray(values, dtype=np.int64) if integral else np.asarray(values, dtype=object)
+    groups = key_groups_of(column, bench.job.spec.max_parallelism) if values else np.zeros(0, dtype=np.int64)
     times = np.asarray(times, dtype=np.int64)
     return times, groups, (times - np.asarray(ends, dtype=np.int64)).astype(np.float64)
 
@@ -181,15 +233,16 @@ def per_bin(times: np.ndarray, values: np.ndarray, start_ms: float, end_ms: floa
     return rows
 
 
-def measure(strategy: str, steps: list[int], steady_s: float, state_mb: float, console: Console) -> dict:
-    job = bench_job(f"bench-rescale-{strategy.replace('_', '-')}")
-    rescaler = Rescaler(strategy, steps, steady_s)
+def measure(bench: Bench, strategy: str, steps: list[int], steady_s: float, state_mb: float | None,
+            console: Console) -> dict:
+    job = bench.job
+    rescaler = Rescaler(bench.stage, strategy, steps, steady_s)
     with RedisServer() as server:
-        report = run_job(job, None, redis_url=server.url, console=console, during=rescaler, prepare=ballast(state_mb))
+        report = run_job(job, None, redis_url=server.url, console=console, during=rescaler, prepare=bench.prepare)
         r = redis.Redis.from_url(server.url)
         keys = JobKeys(job.metadata.name)
         lat_t, lat_v = latency_by_time(r, keys)
-        out_t, out_kg, out_latency = outputs_by_key_group(r, keys, job.spec.max_parallelism)
+        out_t, out_kg, out_latency = outputs_by_key_group(r, keys, bench)
         r.close()
     verification = report.get("verification", {})
     first_ms = rescaler.rescales[0]["start_ms"]
@@ -231,6 +284,13 @@ def measure(strategy: str, steps: list[int], steady_s: float, state_mb: float, c
     return result
 
 
+JOIN_MEASURED = ("all_at_once", "batched")  # Megaphone's two: the state moved at once, or step by step
+
+
+def _name(prefix: str, strategy: str) -> str:
+    return f"{prefix}-{strategy.replace('_', '-')}"
+
+
 def summary(measured: dict) -> dict:
     """The issue's per-strategy figures: the worse of scale-out and scale-in."""
     rows = measured["rescales"]
@@ -252,15 +312,22 @@ def run(quick: bool, state_mb: float | None = None, png: str | None = None, only
     small = 10.0
     large = state_mb if state_mb is not None else (200.0 if quick else 500.0)
     strategies = [s for s in MEASURED if not only or s in only]
-    runs = {strategy: measure(strategy, [4, 2], steady_s, small, console) for strategy in strategies}
+    runs = {strategy: measure(window_bench(_name("bench-rescale", strategy), small), strategy, [4, 2], steady_s,
+                              small, console) for strategy in strategies}
+    joins = {strategy: measure(join_bench(_name("bench-rescale-join", strategy)), strategy, [4, 2], steady_s, None,
+                               console) for strategy in strategies if strategy in JOIN_MEASURED}
     result = {
         "rate_records_per_s": RATE,
         "steady_p99_ms": runs[strategies[0]]["steady_p99_ms"],
         "strategies": {strategy: summary(measured) for strategy, measured in runs.items()},
+        "join": {strategy: summary(measured) | {"steady_p99_ms": measured["steady_p99_ms"]}
+                 for strategy, measured in joins.items()},
         "runs": runs,
+        "join_runs": joins,
     }
     if "all_at_once" in runs:
-        grown = measure("all_at_once", [4], steady_s, large, console)
+        grown = measure(window_bench(_name("bench-rescale", "all_at_once"), large), "all_at_once", [4], steady_s,
+                        large, console)
         at_small = runs["all_at_once"]["rescales"][0]["handover_ms"]
         at_large = grown["rescales"][0]["handover_ms"]
         result["handover_growth"] = round(at_large / at_small, 3) if at_small else None

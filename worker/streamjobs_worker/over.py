@@ -1,0 +1,167 @@
+"""The `over` stage: each record with aggregates over the last N records of its key, in event time.
+
+SQL's `agg(x) OVER (PARTITION BY key ORDER BY event_time, ... ROWS BETWEEN N-1
+PRECEDING AND CURRENT ROW)`, computed as it becomes final: a record waits in
+state (segment 1) until its key group's watermark passes it, as Flink's
+bounded OVER aggregation buffers rows until their time is complete; the
+records released by a batch go out in order, each aggregated with its key's
+last N-1 records before it, which state keeps (segment 0). The aggregation is
+Spark's own window function over the released records and that history, the
+same query the oracle runs over the whole input.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from streamjobs_core.keygroups import key_groups_of
+from streamjobs_core.spec import OverStage
+
+from . import phases, spark
+from .stages import _EventTimeStage, collect, view_name
+from .state import KG, KeyGroupStore, StateLayout, concat, take
+
+OVER_STATE = StateLayout(key="_rid", segment="_seg")
+_RID, _SEG, _HISTORY = "_rid", "_seg", "_h"
+HISTORY, WAITING = 0, 1
+_FUNCTIONS = {"count": "count(1)", "sum": "sum({c})", "avg": "avg({c})", "min": "min({c})", "max": "max({c})"}
+
+
+def over_sql(spec: OverStage, view: str, columns: list[str]) -> str:
+    """The view's records, each with the stage's aggregates; shared with the oracle."""
+    window = (f"PARTITION BY `{spec.key_by}` ORDER BY {', '.join(f'`{c}`' for c in spec.order_by)} "
+              f"ROWS BETWEEN {spec.rows - 1} PRECEDING AND CURRENT ROW")
+    aggregates = [f"{_FUNCTIONS[a.function].format(c=f'`{a.column}`')} OVER ({window}) AS `{a.as_}`"
+                  for a in spec.aggregations]
+    return f"SELECT {', '.join([*(f'`{c}`' for c in columns), *aggregates])} FROM {view}"
+
+
+class Over(_EventTimeStage):
+    spec: OverStage
+
+    def __init__(self, spec: OverStage, store: KeyGroupStore, max_parallelism: int) -> None:
+        super().__init__(spec, store)
+        store.bind(OVER_STATE)
+        self._max_parallelism = max_parallelism
+        self._rng = np.random.default_rng()
+        self._view = f"{view_name(spec.name)}__over"
+
+    def process(self, batch, watermark: int) -> tuple[pa.Table | None, int]:
+        before = {kg: self._fired_before(kg) for kg in self.store.key_groups}
+        if batch.records:
+            with phases.phase("state"):
+                for upstream in self.spec.inputs:
+                    table = batch.table(upstream)
+                    if table is not None and table.num_rows:
+                        self._wait(table, before)
+        self._advance(batch, watermark)
+        with phases.phase("state"):
+            released = self._release({kg: self._fired_before(kg) for kg in self.store.key_groups}, before)
+        if released is None:
+            return None, watermark
+        with phases.phase("state"):
+            history = self._history(released)
+        out = self._aggregate(released, history)
+        with phases.phase("state"):
+            self._remember(released, history)
+        return out, watermark
+
+    def _wait(self, table: pa.Table, watermarks: dict[int, int]) -> None:
+        """Park a batch's records until the watermark passes them; drop (and count) those it already has."""
+        for name in (self.spec.key_by, *self.spec.order_by):
+            if name not in table.column_names:
+                raise ValueError(f"{self.spec.name}: an input record has no column '{name}'")
+        times = table.column("event_time")
+        if times.null_count:
+            raise ValueError(f"{self.spec.name}: a record has no event_time")
+        kgs = key_groups_of(table.column(self.spec.key_by), self._max_parallelism)
+        bound = np.full(self._max_parallelism, np.iinfo(np.int64).min, dtype=np.int64)
+        for kg, value in watermarks.items():
+            bound[kg] = value
+        late = times.to_numpy().astype(np.int64) < bound[kgs]
+        if late.any():
+            self.late_records += int(late.sum())
+            table, kgs = table.filter(pa.array(~late)), kgs[~late]
+        if not table.num_rows:
+            return
+        rows = (table.append_column(_RID, pa.array(self._rng.integers(0, 2**63 - 1, table.num_rows, dtype=np.int64)))
+                .append_column(_SEG, pa.array(np.full(table.num_rows, WAITING, dtype=np.int64)))
+                .append_column(KG, pa.array(kgs)))
+        self.store.update(WAITING, np.unique(kgs), lambda current: (concat([current, rows]), rows, None))
+
+    def _release(self, after: dict[int, int], before: dict[int, int]) -> pa.Table | None:
+        """The waiting records the watermark passed, out of state."""
+        moved = [kg for kg in self.store.key_groups if after[kg] > before[kg]]
+        waiting = self.store.read(moved, WAITING) if moved else None
+        if waiting is None:
+            return None
+        bound = np.full(self._max_parallelism, np.iinfo(np.int64).min, dtype=np.int64)
+        for kg in moved:
+            bound[kg] = after[kg]
+        due = waiting.column("event_time").to_numpy().astype(np.int64) < bound[waiting.column(KG).to_numpy()]
+        if not due.any():
+            return None
+        released = waiting.filter(pa.array(due))
+        gone = released.select([_SEG, _RID, KG])
+        self.store.update(WAITING, moved, lambda current: (waiting.filter(pa.array(~due)), None, gone))
+        return released
+
+    def _history(self, released: pa.Table) -> pa.Table | None:
+        """The last records before these of the same keys (at most rows - 1 each)."""
+        if self.spec.rows == 1:
+            return None
+        stored = self.store.read(np.unique(released.column(KG).to_numpy()), HISTORY)
+        if stored is None:
+            return None
+        key = self.spec.key_by
+        values = released.column(key).cast(stored.schema.field(key).type)
+        stored = stored.filter(pc.is_in(stored.column(key), value_set=values))
+        return stored if stored.num_rows else None
+
+    def _aggregate(self, released: pa.Table, history: pa.Table | None) -> pa.Table | None:
+        columns = [c for c in released.column_names if c not in (_RID, _SEG, KG)]
+        parts = [released.select(columns).append_column(_HISTORY, pa.repeat(False, released.num_rows))]
+        if history is not None:
+            parts.append(history.select(columns).append_column(_HISTORY, pa.repeat(True, history.num_rows)))
+        both = pa.concat_tables(parts, promote_options="permissive")
+        with phases.phase("to_jvm"):
+            spark.bridge(self.spark).frame(both).coalesce(1).createOrReplaceTempView(self._view)
+        with phases.phase("plan"):
+            df = self.spark.sql(f"SELECT * FROM ({over_sql(self.spec, self._view, [*columns, _HISTORY])}) "
+                                f"WHERE NOT {_HISTORY}")
+        out = collect(df).drop_columns([_HISTORY])
+        return out if out.num_rows else None
+
+    def _remember(self, released: pa.Table, history: pa.Table | None) -> None:
+        """Each affected key's last rows - 1 records become its history."""
+        if self.spec.rows == 1:
+            return
+        released = released.set_column(released.schema.get_field_index(_SEG), _SEG,
+                                       pa.array(np.full(released.num_rows, HISTORY, dtype=np.int64)))
+        both = concat([history, released])
+        order = pc.sort_indices(both, sort_keys=[(self.spec.key_by, "ascending"),
+                                                 *((c, "ascending") for c in self.spec.order_by)])
+        both = take(both, order.to_numpy())
+        keys = both.column(self.spec.key_by).to_numpy(zero_copy_only=False)
+        # A record is kept if fewer than rows - 1 records of its key come after it.
+        starts = np.r_[True, keys[1:] != keys[:-1]]
+        ends = np.r_[np.flatnonzero(starts)[1:], len(keys)]
+        last = np.repeat(ends, np.diff(np.r_[np.flatnonzero(starts), len(keys)]))
+        kept = both.filter(pa.array(last - np.arange(len(keys)) <= self.spec.rows - 1))
+        dropped = history.filter(pc.invert(pc.is_in(history.column(_RID), value_set=kept.column(_RID)))) \
+            if history is not None else None
+        added = kept.filter(pc.invert(pc.is_in(kept.column(_RID), value_set=history.column(_RID)))) \
+            if history is not None else kept
+        touched = np.unique(released.column(KG).to_numpy())
+        gone = dropped.select([_SEG, _RID, KG]) if dropped is not None and dropped.num_rows else None
+
+        def merge(current: pa.Table | None):
+            if current is None:
+                return added, added, None
+            keep = current
+            if gone is not None:
+                keep = keep.filter(pc.invert(pc.is_in(keep.column(_RID), value_set=gone.column(_RID))))
+            return concat([keep, added]), added, gone
+
+        self.store.update(HISTORY, touched, merge)
