@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import resource
 import signal
 import subprocess
@@ -41,6 +42,25 @@ _PRCTL = ctypes.CDLL("libc.so.6", use_errno=True).prctl
 def _die_with_parent() -> None:
     # No worker outlives the runtime, even when the runtime itself is killed.
     _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+_ERROR_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*([A-Za-z_]\w*(?:Error|Exception|Column)): (.+)$")
+
+
+def last_error(log: Path, tail_bytes: int = 65536) -> str | None:
+    """The last exception a worker's log ends a traceback with, as `Name: message`: a worker that fails on
+    its input (a key column missing, a bad query) says why where the run is watched, not only in its log."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - tail_bytes))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        match = _ERROR_LINE.match(line.strip())
+        if match:
+            return f"{match.group(1)}: {match.group(2)}"
+    return None
 
 
 def _can_raise_priority() -> bool:
@@ -205,7 +225,8 @@ class LocalRuntime:
                 self.jobs.unregister(op, index)
                 self._spawn(op, index)
                 self.total_restarts += 1
-                restarted.append(f"{op}/{index} (exit {code})")
+                error = last_error(self.log_dir / f"{op}-{index}.log") if code > 0 else None
+                restarted.append(f"{op}/{index} (exit {code}{f': {error}' if error else ''})")
         for (op, index), inst in list(self.standbys.items()):
             code = inst.process.poll()
             if code is not None and self.restart_workers:

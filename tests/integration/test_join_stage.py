@@ -231,3 +231,10 @@ def test_an_interval_join_drops_rows_behind_the_watermark(spark):
     out, _ = logic.process(InputBatch(tables={"sales": [sales]}, records=2), 2450)
     assert logic.late_records == 1  # the sale at 2300, behind the watermark 2400
     assert timed_pairs(out) == Counter({(1, "a", 1, 6, 2600): 1})
+
+
+def test_an_input_without_its_key_column_is_refused_naming_the_join_the_input_and_the_column(spark):
+    logic = WindowJoin(join({"type": "tumbling", "sizeMs": 1000}), KeyGroupStore(range(MAX_P)), MAX_P)
+    people = pa.table({"id": [1], "name": ["x"], "event_time": [10]})
+    with pytest.raises(ValueError, match="j: input 'people' has no column 'pid'"):
+        logic.process(InputBatch(tables={"people": [people]}, records=1), 100)
