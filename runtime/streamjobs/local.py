@@ -10,7 +10,6 @@ resumes from its last commit.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import re
 import resource
@@ -28,20 +27,10 @@ from streamjobs_core.jobstore import RedisJobStore
 from streamjobs_core.plan import JobPlan
 from streamjobs_core.rescale import RescaleController
 from streamjobs_core.spec import StreamJob
+from streamjobs_worker.parent import parent_env
 
-_PR_SET_PDEATHSIG = 1
 # A waiting spare warms up on the CPU the job leaves idle, not on its workers' share.
 SPARE_NICENESS = 19
-
-
-# Resolved here, before any fork: a child forked from this threaded process runs only `prctl` before exec.
-# Loading libc in the child (dlopen) could wait forever on a lock another thread held at the fork.
-_PRCTL = ctypes.CDLL("libc.so.6", use_errno=True).prctl
-
-
-def _die_with_parent() -> None:
-    # No worker outlives the runtime, even when the runtime itself is killed.
-    _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 _ERROR_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*([A-Za-z_]\w*(?:Error|Exception|Column)): (.+)$")
@@ -66,11 +55,6 @@ def last_error(log: Path, tail_bytes: int = 65536) -> str | None:
 def _can_raise_priority() -> bool:
     """Whether a process this runtime lowers in priority can be raised back (root, or RLIMIT_NICE allows it)."""
     return os.geteuid() == 0 or resource.getrlimit(resource.RLIMIT_NICE)[0] >= 20
-
-
-def _as_spare() -> None:
-    _die_with_parent()
-    os.nice(SPARE_NICENESS)
 
 
 def _full_priority(pid: int) -> None:
@@ -144,14 +128,18 @@ class LocalRuntime:
 
     def _popen(self, log_name: str, op: str, *args: str, spare: bool = False) -> subprocess.Popen:
         with open(self.log_dir / f"{log_name}.log", "ab") as log:
-            return subprocess.Popen(
+            process = subprocess.Popen(
                 [sys.executable, "-m", "streamjobs_worker", "--job", self.job.metadata.name, "--operator", op,
                  *args],
-                # In the environment, not the command line: a password in the URL stays out of `ps`.
-                env={**os.environ, "STREAMJOBS_REDIS_URL": self.redis_url},
+                # In the environment, not the command line: a password in the URL stays out of `ps`. No worker
+                # outlives the runtime, even when the runtime itself is killed (parent.py).
+                env={**os.environ, "STREAMJOBS_REDIS_URL": self.redis_url, **parent_env()},
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                preexec_fn=_as_spare if spare and _can_raise_priority() else _die_with_parent,
             )
+        if spare and _can_raise_priority():
+            # Its own process group (a new session): its JVM, started later, inherits the niceness.
+            os.setpriority(os.PRIO_PGRP, process.pid, SPARE_NICENESS)
+        return process
 
     # --- warm spares (spares.py) -------------------------------------------------
 

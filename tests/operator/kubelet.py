@@ -11,10 +11,8 @@ when a process dies, and `status.readyReplicas`.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import re
-import signal
 import subprocess
 import sys
 import threading
@@ -23,6 +21,7 @@ from pathlib import Path
 
 from streamjobs_operator.kube import Kube
 from streamjobs_operator.resources import POD_INDEX_LABEL
+from streamjobs_worker.parent import parent_env
 
 NAMESPACE = "default"
 _VAR = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
@@ -30,13 +29,6 @@ _VAR = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
 
 # Resolved before any fork: dlopen in a child forked from this threaded process can deadlock, and the
 # kubelet thread would wait on that child forever (its pod never starts).
-_PRCTL = ctypes.CDLL("libc.so.6", use_errno=True).prctl
-
-
-def _die_with_parent() -> None:
-    _PRCTL(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
 @dataclass
 class _Pod:
     name: str
@@ -127,8 +119,8 @@ class Kubelet:
         env["STREAMJOBS_METRICS_PORT"] = "0"
         command = [sys.executable if c == "python" else c for c in container["command"]] + container.get("args", [])
         with open(self.log_dir / f"{pod['metadata']['name']}.log", "ab") as log:
-            return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True, preexec_fn=_die_with_parent)
+            return subprocess.Popen(command, env={**env, **parent_env()}, stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
 
     def _value(self, pod: dict, var: dict, env: dict[str, str]) -> str:
         if "value" in var:

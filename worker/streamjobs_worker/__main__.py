@@ -13,6 +13,7 @@ from streamjobs_core.connect import connect
 from streamjobs_core.jobstore import RedisJobStore
 from streamjobs_core.spares import await_promotion
 
+from .parent import die_with_parent
 from .rehearsal import SPARE_REHEARSALS, warm_up
 from .standby import await_epoch
 from .worker import Worker
@@ -29,6 +30,7 @@ def _signals() -> tuple[threading.Event, threading.Event]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    die_with_parent()
     parser = argparse.ArgumentParser(prog="streamjobs_worker")
     parser.add_argument("--redis-url", default=os.environ.get("STREAMJOBS_REDIS_URL", "redis://127.0.0.1:6379"))
     parser.add_argument("--job", required=True)
