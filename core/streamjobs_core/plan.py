@@ -30,6 +30,7 @@ def routing_key(operator, upstream: str) -> tuple[str, ...] | None:
     key_by = getattr(operator, "key_by", None)
     return (key_by,) if key_by else None
 
+
 @dataclass(frozen=True)
 class JobPlan:
     job: StreamJob

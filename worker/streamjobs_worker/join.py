@@ -36,7 +36,7 @@ from streamjobs_core.watermarks import MAX_WATERMARK
 
 from . import phases, spark
 from .stages import _EventTimeStage, collect, view_name
-from .state import KG, KeyGroupStore, StateLayout, concat, groups_of, take
+from .state import KG, KeyGroupStore, StateLayout, concat, groups_of, per_key_group, row_ids, take
 
 JOIN_STATE = StateLayout(key="_rid", segment="_seg")
 _RID, _SEG, _WS, _MATCHED, _LRID = "_rid", "_seg", "_ws", "_m", "_lrid"
@@ -93,7 +93,6 @@ class _Join(_EventTimeStage):
         store.bind(JOIN_STATE)
         self._max_parallelism = max_parallelism
         self._keys = (spec.on.left, spec.on.right)
-        self._rng = np.random.default_rng()
         self._seen: dict[int, pa.Schema] = {}  # each side's input columns, as its last batch had them
         self._view = view_name(spec.name)
 
@@ -108,7 +107,7 @@ class _Join(_EventTimeStage):
         self._seen[side] = table.schema
         kgs = key_groups_of_columns(table, self._keys[side], self._max_parallelism)
         rows = table.rename_columns([PREFIXES[side] + c for c in table.column_names])
-        rows = rows.append_column(_RID, pa.array(self._rng.integers(0, 2**63 - 1, rows.num_rows, dtype=np.int64)))
+        rows = rows.append_column(_RID, row_ids(rows.num_rows))
         return rows, kgs, times.to_numpy().astype(np.int64)
 
     def _insert(self, rows: pa.Table, segments: np.ndarray, kgs: np.ndarray) -> None:
@@ -192,10 +191,7 @@ class WindowJoin(_Join):
     def _add(self, side: int, table: pa.Table, fired: dict[int, int]) -> None:
         rows, kgs, t = self._new_rows(side, table)
         panes = t - np.mod(t, self._step)
-        bound = np.full(self._max_parallelism, -_FAR, dtype=np.int64)
-        for kg, value in fired.items():
-            bound[kg] = value
-        late = panes <= bound[kgs]  # the last window holding the row has fired
+        late = panes <= per_key_group(fired, self._max_parallelism, -_FAR)[kgs]  # the last window holding the row has fired
         if late.any():
             self.late_records += int(late.sum())
             keep = ~late
@@ -281,12 +277,13 @@ class IntervalJoin(_Join):
                         new[side] = self._new_side(side, table, before)
         self._advance(batch, watermark)
         cuts = {kg: self._cut_bound(self._fired_before(kg)) for kg in self.store.key_groups}
+        cut_at = per_key_group(cuts, self._max_parallelism, -_FAR)
         with phases.phase("state"):
             old = [self._old(side, new[1 - side]) for side in (0, 1)]
             expiring = self._expiring(cuts) if self.spec.how == "left" else None
-        out, matched = self._match(new, old, expiring, cuts)
+        out, matched = self._match(new, old, expiring, cut_at)
         with phases.phase("state"):
-            self._keep(new, old[0], matched, cuts)
+            self._keep(new, old[0], matched, cut_at)
             self.store.cut(cuts)
         if self.spec.how == "left" and watermark != MAX_WATERMARK:
             watermark -= self._holdback
@@ -297,10 +294,8 @@ class IntervalJoin(_Join):
     def _new_side(self, side: int, table: pa.Table, watermarks: dict[int, int]):
         """(rows, key groups, expiry) of a side's new rows that are not late."""
         rows, kgs, t = self._new_rows(side, table)
-        bound = np.full(self._max_parallelism, -_FAR, dtype=np.int64)
-        for kg, value in watermarks.items():
-            bound[kg] = min(max(value, -_FAR), _FAR)
-        late = t < bound[kgs]
+        clamped = {kg: min(max(value, -_FAR), _FAR) for kg, value in watermarks.items()}
+        late = t < per_key_group(clamped, self._max_parallelism, -_FAR)[kgs]
         if late.any():
             self.late_records += int(late.sum())
             keep = ~late
@@ -338,8 +333,9 @@ class IntervalJoin(_Join):
                     parts.append(rows.filter(pc.invert(rows.column(_MATCHED))))
         return concat(parts)
 
-    def _keep(self, new: list, old_left: pa.Table | None, matched: np.ndarray, cuts: dict[int, int]) -> None:
-        """Store the new rows that can still meet partners; mark the stored left rows met at this batch."""
+    def _keep(self, new: list, old_left: pa.Table | None, matched: np.ndarray, cut_at: np.ndarray) -> None:
+        """Store the new rows that can still meet partners (their segment above their key group's `cut_at`);
+        mark the stored left rows met at this batch."""
         outer = self.spec.how == "left"
         if outer and old_left is not None and len(matched):
             met = old_left.filter(pc.and_(pc.invert(old_left.column(_MATCHED)),
@@ -348,9 +344,6 @@ class IntervalJoin(_Join):
             for segment, positions in groups_of(segments):
                 rids = take(met, positions).column(_RID).combine_chunks()
                 self.store.update(segment, np.unique(met.column(KG).to_numpy()[positions]), _mark_met(rids))
-        bound = np.full(self._max_parallelism, -_FAR, dtype=np.int64)
-        for kg, value in cuts.items():
-            bound[kg] = value
         for side, part in enumerate(new):
             if part is None:
                 continue
@@ -358,14 +351,14 @@ class IntervalJoin(_Join):
             segments = 2 * (expiry // self._bucket) + side
             if side == 0 and outer:
                 rows = rows.append_column(_MATCHED, pc.is_in(rows.column(_RID), value_set=pa.array(matched)))
-            waiting = segments > bound[kgs]
+            waiting = segments > cut_at[kgs]
             if waiting.any():
                 self._insert(rows.filter(pa.array(waiting)), segments[waiting], kgs[waiting])
 
     # --- matching -----------------------------------------------------------------------------
 
     def _match(self, new: list, old: list, expiring: pa.Table | None,
-               cuts: dict[int, int]) -> tuple[pa.Table | None, np.ndarray]:
+               cut_at: np.ndarray) -> tuple[pa.Table | None, np.ndarray]:
         """One Spark query: new left rows with all right rows, old left rows with new right rows, and the
         left rows leaving state that never met one (left join). The output and the left row ids that met."""
         none = np.zeros(0, dtype=np.int64)
@@ -375,7 +368,7 @@ class IntervalJoin(_Join):
         old_right = self._side(1, old[1]) if old[1] is not None else None
         padded = None
         if expiring is not None or new_left is not None:
-            padded = self._unmet(new, expiring, cuts)
+            padded = self._unmet(new, expiring, cut_at)
         if new_right is None and (new_left is None or old_right is None) and padded is None:
             return None, none
         lefts = _aligned({"ln": new_left, "lo": old_left, "lp": padded})
@@ -390,7 +383,7 @@ class IntervalJoin(_Join):
         out = out.drop_columns([_LRID])
         return (out if out.num_rows else None), matched
 
-    def _unmet(self, new: list, expiring: pa.Table | None, cuts: dict[int, int]) -> pa.Table | None:
+    def _unmet(self, new: list, expiring: pa.Table | None, cut_at: np.ndarray) -> pa.Table | None:
         """Left rows that leave state at this batch unmatched so far (stored, or new ones already past their
         time): the query pads those no right row meets in it."""
         parts = []
@@ -398,10 +391,7 @@ class IntervalJoin(_Join):
             parts.append(self._side(0, expiring, (_RID,)))
         if new[0] is not None and self.spec.how == "left":
             rows, kgs, expiry = new[0]
-            bound = np.full(self._max_parallelism, -_FAR, dtype=np.int64)
-            for kg, value in cuts.items():
-                bound[kg] = value
-            gone = 2 * (expiry // self._bucket) <= bound[kgs]
+            gone = 2 * (expiry // self._bucket) <= cut_at[kgs]
             if gone.any():
                 parts.append(self._side(0, rows.filter(pa.array(gone)), (_RID,)))
         return concat(parts)

@@ -17,10 +17,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from streamjobs_core.keygroups import key_groups_of
 from streamjobs_core.spec import OverStage
+from streamjobs_core.watermarks import MIN_WATERMARK
 
 from . import phases, spark
 from .stages import _EventTimeStage, collect, view_name
-from .state import KG, KeyGroupStore, StateLayout, concat, take
+from .state import KG, KeyGroupStore, StateLayout, concat, per_key_group, row_ids, take
 
 OVER_STATE = StateLayout(key="_rid", segment="_seg")
 _RID, _SEG, _HISTORY = "_rid", "_seg", "_h"
@@ -44,7 +45,6 @@ class Over(_EventTimeStage):
         super().__init__(spec, store)
         store.bind(OVER_STATE)
         self._max_parallelism = max_parallelism
-        self._rng = np.random.default_rng()
         self._view = f"{view_name(spec.name)}__over"
 
     def process(self, batch, watermark: int) -> tuple[pa.Table | None, int]:
@@ -76,16 +76,13 @@ class Over(_EventTimeStage):
         if times.null_count:
             raise ValueError(f"{self.spec.name}: a record has no event_time")
         kgs = key_groups_of(table.column(self.spec.key_by), self._max_parallelism)
-        bound = np.full(self._max_parallelism, np.iinfo(np.int64).min, dtype=np.int64)
-        for kg, value in watermarks.items():
-            bound[kg] = value
-        late = times.to_numpy().astype(np.int64) < bound[kgs]
+        late = times.to_numpy().astype(np.int64) < per_key_group(watermarks, self._max_parallelism, MIN_WATERMARK)[kgs]
         if late.any():
             self.late_records += int(late.sum())
             table, kgs = table.filter(pa.array(~late)), kgs[~late]
         if not table.num_rows:
             return
-        rows = (table.append_column(_RID, pa.array(self._rng.integers(0, 2**63 - 1, table.num_rows, dtype=np.int64)))
+        rows = (table.append_column(_RID, row_ids(table.num_rows))
                 .append_column(_SEG, pa.array(np.full(table.num_rows, WAITING, dtype=np.int64)))
                 .append_column(KG, pa.array(kgs)))
         self.store.update(WAITING, np.unique(kgs), lambda current: (concat([current, rows]), rows, None))
@@ -96,9 +93,7 @@ class Over(_EventTimeStage):
         waiting = self.store.read(moved, WAITING) if moved else None
         if waiting is None:
             return None
-        bound = np.full(self._max_parallelism, np.iinfo(np.int64).min, dtype=np.int64)
-        for kg in moved:
-            bound[kg] = after[kg]
+        bound = per_key_group({kg: after[kg] for kg in moved}, self._max_parallelism, MIN_WATERMARK)
         due = waiting.column("event_time").to_numpy().astype(np.int64) < bound[waiting.column(KG).to_numpy()]
         if not due.any():
             return None

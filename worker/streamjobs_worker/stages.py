@@ -23,7 +23,7 @@ from streamjobs_core.spec import StatefulStage, WindowAggregateStage
 from streamjobs_core.watermarks import MAX_WATERMARK, MIN_WATERMARK
 
 from . import phases, spark
-from .state import KG, KeyGroupStore, StateLayout, groups_of, last_per_key, replace_rows, take
+from .state import KG, KeyGroupStore, StateLayout, groups_of, last_per_key, per_key_group, replace_rows, take
 
 
 def load_function(ref: str) -> Callable[..., Any]:
@@ -250,10 +250,7 @@ class WindowAggregate(_EventTimeStage):
             raise ValueError(f"{self.spec.name}: a record has no event_time")
         starts = partials.column("ws").to_numpy()
         kgs = key_groups_of(partials.column("k"), self._max_parallelism)
-        fired = np.full(self._max_parallelism, MIN_WATERMARK + self.spec.window.size_ms, dtype=np.int64)
-        for kg, bound in self._bounds().items():
-            fired[kg] = bound
-        fired = fired[kgs]
+        fired = per_key_group(self._bounds(), self._max_parallelism, MIN_WATERMARK + self.spec.window.size_ms)[kgs]
         step = self.spec.window.step_ms
         # A late record is in every window it explodes into; all of them have fired (the query counts rows
         # after the stage's `where`, so filtered records are never late).

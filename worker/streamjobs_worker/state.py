@@ -77,6 +77,24 @@ def groups_of(values: np.ndarray) -> list[tuple[int, np.ndarray]]:
     return [(int(ordered[a]), order[a:b]) for a, b in zip(starts, ends)]
 
 
+def per_key_group(values: Mapping[int, int], key_groups: int, missing: int) -> np.ndarray:
+    """A value per key group as an array indexed by key group (`missing` where none is given): looked up
+    for a batch's rows at once, `array[row_key_groups]`."""
+    out = np.full(key_groups, missing, dtype=np.int64)
+    if values:
+        out[np.fromiter(values.keys(), np.int64, len(values))] = np.fromiter(values.values(), np.int64, len(values))
+    return out
+
+
+_ROW_IDS = np.random.default_rng()
+
+
+def row_ids(n: int) -> pa.Array:
+    """Ids for rows a stage keeps apart though their values may be equal (a join's, an over's): random, as
+    only committed state is ever restored, so a replayed batch's new ids never meet the ones it replaced."""
+    return pa.array(_ROW_IDS.integers(0, 2**63 - 1, n, dtype=np.int64))
+
+
 def take(table: pa.Table, positions: np.ndarray) -> pa.Table:
     # An Arrow array of positions: Table.take converts a numpy one element by element.
     return table.take(pa.array(positions))
