@@ -7,6 +7,11 @@ producer's key groups (inclusive ranges) that the watermark speaks for.
 A handover marker (Chi's control event) has one field, `h`: the instance that
 owns the stream's key group after it. The rescale controller writes it; what
 precedes it in the stream belongs to the old owner, what follows to the new one.
+
+A reconfiguration barrier has one field, `c`: msgpack [version, runs]. A
+producer writes it into every stream it feeds in the commit where it switched
+to plan `version`; what it wrote there before was produced under the plan
+before, what follows under `version` (reconfigure.py).
 """
 
 from __future__ import annotations
@@ -28,6 +33,11 @@ class Entry:
     runs: tuple[tuple[int, int], ...]
     table: pa.Table | None
     marker: int | None = None  # a handover marker's new owner; such an entry has no records
+    barrier: int | None = None  # a reconfiguration barrier's plan version (with the producer's runs)
+
+
+def encode_barrier(version: int, runs: list[tuple[int, int]]) -> dict[bytes, bytes]:
+    return {b"c": msgpack.packb([version, runs])}
 
 
 def encode_marker(target: int) -> dict[bytes, bytes]:
@@ -48,6 +58,11 @@ def decode(fields: dict[bytes, bytes]) -> Entry:
             if not isinstance(target, int) or target < 0:
                 raise DecodeError(f"a handover marker names an instance, not {target!r}")
             return Entry(0, 0, (), None, target)
+        if b"c" in fields:
+            version, runs = msgpack.unpackb(fields[b"c"], use_list=False)
+            if not isinstance(version, int) or version < 1:
+                raise DecodeError(f"a reconfiguration barrier names a plan version, not {version!r}")
+            return Entry(0, 0, tuple((int(lo), int(hi)) for lo, hi in runs), None, barrier=version)
         records, watermark, runs = msgpack.unpackb(fields[b"m"], use_list=False)
         table = decode_table(fields[b"d"]) if b"d" in fields else None
         if not (isinstance(records, int) and isinstance(watermark, int)):

@@ -139,6 +139,67 @@ class RescaleRequest:
 
 
 @dataclass(frozen=True)
+class ReconfigureRequest:
+    """A spec change asked for from outside the runtime (`streamjobs reconfigure`): the new StreamJob, and an
+    id its record answers to."""
+
+    job: str  # the StreamJob as JSON
+    id: str
+
+    def encode(self) -> str:
+        return json.dumps({"job": self.job, "id": self.id})
+
+    @classmethod
+    def decode(cls, raw: str | bytes) -> ReconfigureRequest:
+        d = json.loads(raw)
+        return cls(d["job"], d["id"])
+
+
+@dataclass(frozen=True)
+class ReconfigureState:
+    """The live reconfiguration in progress: plan `version` published, its barriers on their way."""
+
+    version: int
+    started_at: float  # wall clock
+    changes: tuple[str, ...]  # what changes live, as `reconfigure.Change.describe` says it
+    request: str | None = None
+
+    def encode(self) -> str:
+        return json.dumps({"version": self.version, "started_at": self.started_at, "changes": list(self.changes),
+                           "request": self.request})
+
+    @classmethod
+    def decode(cls, raw: str | bytes) -> ReconfigureState:
+        d = json.loads(raw)
+        return cls(int(d["version"]), float(d["started_at"]), tuple(d["changes"]), d.get("request"))
+
+
+@dataclass(frozen=True)
+class ReconfigureRecord:
+    """A reconfiguration that ended: switched live to `version`, or refused (`refused` says why)."""
+
+    version: int | None
+    changes: tuple[str, ...]
+    request: str | None = None
+    duration_s: float | None = None  # from publishing the plan to the last key group's switch
+    pause_ms: float | None = None  # the longest an instance held its input back to align its barriers
+    aligned_ms: dict[str, float] | None = None  # per `<op>/<instance>`
+    refused: str | None = None
+
+    def as_dict(self) -> dict:
+        return asdict(self) | {"changes": list(self.changes)}
+
+    def encode(self) -> str:
+        return json.dumps(self.as_dict())
+
+    @classmethod
+    def decode(cls, raw: str | bytes) -> ReconfigureRecord:
+        d = json.loads(raw)
+        return cls(d["version"], tuple(d["changes"]), d.get("request"), d.get("duration_s"), d.get("pause_ms"),
+                   d.get("aligned_ms"), d.get("refused"))
+
+
+@dataclass(frozen=True)
 class StandbyStatus:
     """One standby of an all_at_once rescale (worker --await-epoch): ready for an epoch once its Spark is up and
     the bulk of its state loaded; `lag`, the changelog entries its last catch-up round applied."""

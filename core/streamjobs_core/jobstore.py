@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Protocol
 
 from .codec import encode_marker
@@ -25,6 +26,9 @@ from .control import (
     InstanceAddress,
     PartitionProgress,
     Promotion,
+    ReconfigureRecord,
+    ReconfigureRequest,
+    ReconfigureState,
     RescaleRecord,
     RescaleRequest,
     RescaleState,
@@ -99,6 +103,29 @@ class JobStore(Protocol):
     def next_rescale_request(self) -> RescaleRequest | None: ...
     def rescale_requests(self) -> list[RescaleRequest]: ...
 
+    # --- live reconfiguration (reconfigure.py) ---------------------------------------------
+    def publish_plan(self, plan: JobPlan, state: ReconfigureState) -> None:
+        """`plan` becomes the latest version (the one before kept under its version) and `state` the
+        reconfiguration in progress, at once."""
+    def plan_version(self, version: int) -> JobPlan | None: ...
+    def plans(self) -> list[JobPlan]:
+        """Every version of the plan, oldest first."""
+    def record_versions(self, commit: Commit, op: str, kgs: Iterable[int], version: int) -> None:
+        """These key groups (source partitions) of `op` switched to `version` in this commit."""
+    def versions(self, op: str) -> dict[int, int]:
+        """The version each key group of `op` switched to; one never switched is absent (version 0)."""
+    def record_cut(self, commit: Commit, op: str, version: int, offsets: dict[int, int | bytes]) -> None:
+        """The offsets at which these partitions of source `op` switched to `version`."""
+    def cut(self, version: int) -> dict[tuple[str, int], bytes]: ...
+    def record_aligned(self, commit: Commit, op: str, instance: int, version: int, ms: float) -> None: ...
+    def aligned(self, version: int) -> dict[str, float]: ...
+    def reconfigure_state(self) -> ReconfigureState | None: ...
+    def end_reconfigure(self, record: ReconfigureRecord) -> None:
+        """Append to the history and clear the reconfiguration in progress, at once."""
+    def reconfigure_history(self, start: int = 0) -> list[ReconfigureRecord]: ...
+    def request_reconfigure(self, request: ReconfigureRequest) -> None: ...
+    def next_reconfigure_request(self) -> ReconfigureRequest | None: ...
+
     # --- standbys and spares ----------------------------------------------------------
     def report_standby(self, op: str, instance: int, epoch: int) -> None: ...
     def report_standby_lag(self, op: str, instance: int, applied: int) -> None: ...
@@ -147,7 +174,7 @@ class RedisJobStore:
         return JobPlan.from_json(raw) if raw is not None else None
 
     def restamp(self, t0_ms: int) -> JobPlan:
-        plan = JobPlan(self.plan().job, t0_ms)
+        plan = replace(self.plan(), t0_ms=t0_ms)
         self.r.set(self.keys.plan, plan.to_json())
         return plan
 
@@ -292,6 +319,70 @@ class RedisJobStore:
     def rescale_requests(self) -> list[RescaleRequest]:
         return [RescaleRequest.decode(x) for x in self.r.lrange(self.keys.rescale_requests, 0, -1)]
 
+    # --- live reconfiguration ----------------------------------------------------------------
+    def publish_plan(self, plan: JobPlan, state: ReconfigureState) -> None:
+        before = self.r.get(self.keys.plan)
+        pipe = self.r.pipeline(transaction=True)
+        if before is not None:
+            pipe.hset(self.keys.plans, str(JobPlan.from_json(before).version), before)
+        pipe.set(self.keys.plan, plan.to_json())
+        pipe.set(self.keys.reconfigure_current, state.encode())
+        pipe.execute()
+
+    def plan_version(self, version: int) -> JobPlan | None:
+        latest = self.plan()
+        if latest is None or latest.version == version:
+            return latest
+        raw = self.r.hget(self.keys.plans, str(version))
+        return JobPlan.from_json(raw) if raw is not None else None
+
+    def plans(self) -> list[JobPlan]:
+        earlier = [JobPlan.from_json(raw) for raw in self.r.hvals(self.keys.plans)]
+        latest = self.plan()
+        return sorted(earlier, key=lambda p: p.version) + ([latest] if latest is not None else [])
+
+    def record_versions(self, commit: Commit, op: str, kgs: Iterable[int], version: int) -> None:
+        mapping = {kg: version for kg in kgs}
+        if mapping:
+            commit.hset(self.keys.versions(op), mapping=mapping)
+
+    def versions(self, op: str) -> dict[int, int]:
+        return _int_map(self.r.hgetall(self.keys.versions(op)))
+
+    def record_cut(self, commit: Commit, op: str, version: int, offsets: dict[int, int | bytes]) -> None:
+        if offsets:
+            commit.hset(self.keys.cut(version), mapping={f"{op}/{p}": o for p, o in offsets.items()})
+
+    def cut(self, version: int) -> dict[tuple[str, int], bytes]:
+        fields = (((*as_text(f).rpartition("/"),), offset) for f, offset in self.r.hgetall(self.keys.cut(version)).items())
+        return {(op, int(p)): offset for (op, _, p), offset in fields}
+
+    def record_aligned(self, commit: Commit, op: str, instance: int, version: int, ms: float) -> None:
+        commit.hset(self.keys.aligned(version), mapping={f"{op}/{instance}": round(ms, 1)})
+
+    def aligned(self, version: int) -> dict[str, float]:
+        return {as_text(k): float(v) for k, v in self.r.hgetall(self.keys.aligned(version)).items()}
+
+    def reconfigure_state(self) -> ReconfigureState | None:
+        raw = self.r.get(self.keys.reconfigure_current)
+        return ReconfigureState.decode(raw) if raw is not None else None
+
+    def end_reconfigure(self, record: ReconfigureRecord) -> None:
+        pipe = self.r.pipeline()
+        pipe.rpush(self.keys.reconfigure_history, record.encode())
+        pipe.delete(self.keys.reconfigure_current)
+        pipe.execute()
+
+    def reconfigure_history(self, start: int = 0) -> list[ReconfigureRecord]:
+        return [ReconfigureRecord.decode(x) for x in self.r.lrange(self.keys.reconfigure_history, start, -1)]
+
+    def request_reconfigure(self, request: ReconfigureRequest) -> None:
+        self.r.rpush(self.keys.reconfigure_requests, request.encode())
+
+    def next_reconfigure_request(self) -> ReconfigureRequest | None:
+        raw = self.r.lpop(self.keys.reconfigure_requests)
+        return ReconfigureRequest.decode(raw) if raw is not None else None
+
     # --- standbys and spares --------------------------------------------------------------
     def report_standby(self, op: str, instance: int, epoch: int) -> None:
         self.r.hset(self.keys.standby(op), str(instance), epoch)
@@ -414,6 +505,13 @@ class MemoryJobStore:
         self._stop = False
         self._partitions: dict[tuple[str, int], tuple[PartitionProgress | None, int | None]] = {}
         self._streams: dict[tuple[str, str], tuple[bytes | None, Runs | None]] = {}
+        self._plans: dict[int, JobPlan] = {}
+        self._versions: dict[str, dict[int, int]] = {}
+        self._cuts: dict[int, dict[tuple[str, int], bytes]] = {}
+        self._aligned: dict[int, dict[str, float]] = {}
+        self._reconfiguring: ReconfigureState | None = None
+        self._reconfigured: list[ReconfigureRecord] = []
+        self._reconfigure_requests: list[ReconfigureRequest] = []
 
     def deploy(self, plan: JobPlan, owner: str | None = None) -> None:
         self._plan, self._owner = plan, owner
@@ -424,7 +522,7 @@ class MemoryJobStore:
         return self._plan
 
     def restamp(self, t0_ms: int) -> JobPlan:
-        self._plan = JobPlan(self._plan.job, t0_ms)
+        self._plan = replace(self._plan, t0_ms=t0_ms)
         return self._plan
 
     def deployed_by(self) -> str | None:
@@ -519,6 +617,52 @@ class MemoryJobStore:
 
     def rescale_requests(self) -> list[RescaleRequest]:
         return list(self._requests)
+
+    def publish_plan(self, plan: JobPlan, state: ReconfigureState) -> None:
+        if self._plan is not None:
+            self._plans[self._plan.version] = self._plan
+        self._plan, self._reconfiguring = plan, state
+
+    def plan_version(self, version: int) -> JobPlan | None:
+        return self._plan if self._plan is not None and self._plan.version == version else self._plans.get(version)
+
+    def plans(self) -> list[JobPlan]:
+        return [self._plans[v] for v in sorted(self._plans)] + ([self._plan] if self._plan is not None else [])
+
+    def record_versions(self, commit: Commit | None, op: str, kgs: Iterable[int], version: int) -> None:
+        self._versions.setdefault(op, {}).update({kg: version for kg in kgs})
+
+    def versions(self, op: str) -> dict[int, int]:
+        return dict(self._versions.get(op, {}))
+
+    def record_cut(self, commit: Commit | None, op: str, version: int, offsets: dict[int, int | bytes]) -> None:
+        self._cuts.setdefault(version, {}).update({(op, p): str(o).encode() if isinstance(o, int) else o
+                                                   for p, o in offsets.items()})
+
+    def cut(self, version: int) -> dict[tuple[str, int], bytes]:
+        return dict(self._cuts.get(version, {}))
+
+    def record_aligned(self, commit: Commit | None, op: str, instance: int, version: int, ms: float) -> None:
+        self._aligned.setdefault(version, {})[f"{op}/{instance}"] = ms
+
+    def aligned(self, version: int) -> dict[str, float]:
+        return dict(self._aligned.get(version, {}))
+
+    def reconfigure_state(self) -> ReconfigureState | None:
+        return self._reconfiguring
+
+    def end_reconfigure(self, record: ReconfigureRecord) -> None:
+        self._reconfigured.append(record)
+        self._reconfiguring = None
+
+    def reconfigure_history(self, start: int = 0) -> list[ReconfigureRecord]:
+        return self._reconfigured[start:]
+
+    def request_reconfigure(self, request: ReconfigureRequest) -> None:
+        self._reconfigure_requests.append(request)
+
+    def next_reconfigure_request(self) -> ReconfigureRequest | None:
+        return self._reconfigure_requests.pop(0) if self._reconfigure_requests else None
 
     def report_standby(self, op: str, instance: int, epoch: int) -> None:
         self._standbys.setdefault(op, {})[instance] = epoch

@@ -116,6 +116,37 @@ class JobKeys:
         return f"{self.prefix}:rescale:history"
 
     @property
+    def plans(self) -> str:
+        """Per plan version but the latest (that one is `plan`): the plan as deployed or reconfigured then. A
+        worker whose key groups have not switched yet runs the version they are at; the oracle replays them all."""
+        return f"{self.prefix}:plans"
+
+    def versions(self, op: str) -> str:
+        """Per key group (source partition) of a chain head: the plan version it switched to (absent: 0)."""
+        return f"{self.prefix}:versions:{op}"
+
+    def cut(self, version: int) -> str:
+        """Per `<source>/<partition>`: the offset at which the partition switched to `version` (the records
+        before it were processed under the version before, everywhere downstream)."""
+        return f"{self.prefix}:cut:{version}"
+
+    def aligned(self, version: int) -> str:
+        """Per `<op>/<instance>`: how long the instance held its input back aligning its barriers (ms)."""
+        return f"{self.prefix}:aligned:{version}"
+
+    @property
+    def reconfigure_requests(self) -> str:
+        return f"{self.prefix}:reconfigure:requests"
+
+    @property
+    def reconfigure_current(self) -> str:
+        return f"{self.prefix}:reconfigure:current"
+
+    @property
+    def reconfigure_history(self) -> str:
+        return f"{self.prefix}:reconfigure:history"
+
+    @property
     def autoscaler_decisions(self) -> str:
         return f"{self.prefix}:autoscaler:decisions"
 

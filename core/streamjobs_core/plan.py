@@ -35,6 +35,7 @@ def routing_key(operator, upstream: str) -> tuple[str, ...] | None:
 class JobPlan:
     job: StreamJob
     t0_ms: int  # event-time origin of the generator sources
+    version: int = 0  # raised by every live reconfiguration (reconfigure.py); the deploy is version 0
 
     @property
     def name(self) -> str:
@@ -91,12 +92,13 @@ class JobPlan:
         return Assignment.ranges(self.spec.operator(self.head(op)).parallelism, self.key_groups(op))
 
     def to_json(self) -> str:
-        return json.dumps({"job": self.job.model_dump(mode="json", by_alias=True), "t0_ms": self.t0_ms})
+        return json.dumps({"job": self.job.model_dump(mode="json", by_alias=True), "t0_ms": self.t0_ms,
+                           "version": self.version})
 
     @classmethod
     def from_json(cls, text: str | bytes) -> JobPlan:
         data = json.loads(text)
-        return cls(StreamJob.model_validate(data["job"]), int(data["t0_ms"]))
+        return cls(StreamJob.model_validate(data["job"]), int(data["t0_ms"]), int(data.get("version", 0)))
 
 
 def edge_totals(r, keys: JobKeys, edges) -> list[tuple[int, int]]:

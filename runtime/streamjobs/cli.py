@@ -111,6 +111,45 @@ def _rescale(args) -> int:
     return 0
 
 
+def _reconfigure(args) -> int:
+    import time
+    import uuid
+
+    from streamjobs_core.control import ReconfigureRequest
+    from streamjobs_core.reconfigure import diff
+
+    try:
+        job = load_job(args.file)
+    except SpecError as exc:
+        for field, message in exc.errors:
+            print(f"{args.file}: {field}: {message}", file=sys.stderr)
+        return 2
+    found = _running_job(args)
+    if found is None:
+        return 1
+    store, plan = found
+    changes = diff(plan.job, job)
+    for line in changes.lines():
+        print(line)
+    if changes.refused:
+        print(f"refused: {len(changes.refused)} change(s) cannot be made to the running job; nothing applied",
+              file=sys.stderr)
+        return 2
+    if args.dry_run or not changes.changes:
+        return 0
+    request = ReconfigureRequest(job.model_dump_json(by_alias=True), uuid.uuid4().hex)
+    before = len(store.reconfigure_history())
+    store.request_reconfigure(request)
+    deadline = time.monotonic() + args.wait
+    while not (done := [r for r in store.reconfigure_history(before) if r.request == request.id]):
+        if time.monotonic() > deadline:
+            print(f"requested; not done within {args.wait:.0f} s", file=sys.stderr)
+            return 1
+        time.sleep(0.2)
+    print(done[0].encode())
+    return 2 if done[0].refused else 0
+
+
 def _bench(args) -> int:
     from pathlib import Path
 
@@ -202,6 +241,15 @@ def main(argv: list[str] | None = None) -> int:
     rescale.add_argument("--redis-url", required=True, help="as printed by `streamjobs run`")
     rescale.add_argument("--wait", type=float, default=180.0, help="seconds to wait for the rescale to finish")
     rescale.set_defaults(func=_rescale)
+
+    reconfigure = sub.add_parser(
+        "reconfigure", help="change a running job's spec: live where it can, refused (naming the field) where not")
+    reconfigure.add_argument("--job", required=True)
+    reconfigure.add_argument("-f", "--file", required=True, help="the job's new StreamJob YAML")
+    reconfigure.add_argument("--redis-url", required=True, help="as printed by `streamjobs run`")
+    reconfigure.add_argument("--dry-run", action="store_true", help="print what would change and how; apply nothing")
+    reconfigure.add_argument("--wait", type=float, default=180.0, help="seconds to wait for the change to finish")
+    reconfigure.set_defaults(func=_reconfigure)
 
     bench = sub.add_parser("bench", help="benchmarks measured on this machine")
     bench.add_argument("name", choices=["throughput", "latency", "hop", "autoscale", "rescale", "state"])

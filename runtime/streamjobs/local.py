@@ -22,9 +22,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from streamjobs_core.connect import connect
-from streamjobs_core.control import InstanceAddress, Promotion, RescaleRecord, RescaleState, Strategy
+from streamjobs_core.control import (
+    InstanceAddress,
+    Promotion,
+    ReconfigureRecord,
+    RescaleRecord,
+    RescaleState,
+    Strategy,
+)
 from streamjobs_core.jobstore import RedisJobStore
 from streamjobs_core.plan import JobPlan
+from streamjobs_core.reconfigure import ReconfigureController, Refused
 from streamjobs_core.rescale import RescaleController
 from streamjobs_core.spec import StreamJob
 from streamjobs_worker.parent import parent_env
@@ -344,12 +352,50 @@ class LocalRuntime:
             if with_spares and group is first:
                 self._wait_spares(ready_timeout_s)
 
-    def handle_requests(self) -> list[RescaleRecord]:
-        """Carry out rescales asked for by `streamjobs rescale` (through the job store)."""
-        done = []
+    def handle_requests(self) -> list[RescaleRecord | ReconfigureRecord]:
+        """Carry out rescales and reconfigurations asked for by `streamjobs rescale` and `streamjobs
+        reconfigure` (through the job store)."""
+        done: list[RescaleRecord | ReconfigureRecord] = []
         while (request := self.jobs.next_rescale_request()) is not None:
             done.append(self.rescale(request.operator, request.parallelism, request.strategy))
+        while (asked := self.jobs.next_reconfigure_request()) is not None:
+            job = StreamJob.model_validate_json(asked.job)
+            try:
+                record = self.reconfigure(job, asked.id)
+            except Refused as exc:
+                record = ReconfigureRecord(None, tuple(c.describe() for c in exc.changes), asked.id,
+                                           refused=str(exc))
+            if record.version is None:  # nothing live: the asker still hears the outcome
+                self.jobs.end_reconfigure(record)
+            done.append(record)
         return done
+
+    # --- live reconfiguration (reconfigure.py) -------------------------------------
+
+    def reconfigure(self, job: StreamJob, request: str | None = None) -> ReconfigureRecord:
+        """Change the running job to `job`: live changes at a consistent cut, then parallelism changes as
+        rescales; a change that cannot be made raises Refused and nothing is applied. The record of the live
+        part (its version None when only parallelism changed)."""
+        changes, record = self._reconfigurer().apply(job, request)
+        self.plan = self.jobs.plan()
+        self.job = self.plan.job
+        for change in changes.rescales:
+            wanted = job.spec.operator(change.operator).parallelism
+            if self.parallelism.get(self.plan.head(change.operator)) != wanted:
+                self.rescale(change.operator, wanted)
+        return record or ReconfigureRecord(None, tuple(c.describe() for c in changes.changes), request)
+
+    def resume_reconfigure(self) -> ReconfigureRecord | None:
+        """Wait out a reconfiguration a dead controller left (its version is published, its barriers flow)."""
+        record = self._reconfigurer().resume()
+        if record is not None:
+            self.plan = self.jobs.plan()
+            self.job = self.plan.job
+        return record
+
+    def _reconfigurer(self) -> ReconfigureController:
+        return ReconfigureController(self.jobs, self.ready_timeout_s,
+                                     sleep=lambda seconds: (self.supervise(), time.sleep(seconds)))
 
     # --- stop ------------------------------------------------------------------
 

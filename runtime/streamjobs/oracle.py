@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from functools import reduce
 from typing import Any
 
 import numpy as np
@@ -23,6 +24,7 @@ from pyspark.sql import functions as F
 from streamjobs_core import ddl, generators, shedding
 from streamjobs_core.jobstore import RedisJobStore
 from streamjobs_core.plan import JobPlan
+from streamjobs_core.spec import STATEFUL_TYPES
 from streamjobs_worker import external
 from streamjobs_worker.join import on_clause, select_list, window_join_sql
 from streamjobs_worker.lookup import load_table, lookup_join
@@ -164,6 +166,9 @@ def _join(spark: SparkSession, spec, left: DataFrame, right: DataFrame) -> DataF
 
 
 def expected_outputs(spark: SparkSession, r: redis.Redis, plan: JobPlan) -> dict[str, DataFrame]:
+    plans = RedisJobStore(r, plan.name).plans()
+    if len(plans) > 1:
+        return _reconfigured_outputs(spark, r, plans)
     frames: dict[str, DataFrame] = {}
     for name in plan.spec.topological_order():
         op = plan.spec.operator(name)
@@ -171,32 +176,130 @@ def expected_outputs(spark: SparkSession, r: redis.Redis, plan: JobPlan) -> dict
             # Ingest time is not reproducible; a constant keeps queries that select it valid.
             frames[name] = spark.createDataFrame(source_input(r, plan, name)).withColumn("_ingest_ms", F.lit(0))
             continue
-        union, inputs = None, []
-        for upstream in op.inputs:
-            frame = frames[upstream].filter(op.where) if getattr(op, "where", None) else frames[upstream]
-            frame.createOrReplaceTempView(view_name(upstream))
-            inputs.append(frame)
-            union = frame if union is None else union.unionByName(frame, allowMissingColumns=True)
-        union.createOrReplaceTempView("input")
-        if op.type == "join":
-            frames[name] = _join(spark, op, *inputs)
-        elif op.type == "sql":
-            frames[name] = spark.sql(op.query)
-        elif op.type == "pyspark":
-            frames[name] = load_function(op.function)(union)
-        elif op.type == "window_aggregate":
-            frames[name] = _window(union, op)
-        elif op.type == "over":
-            frames[name] = spark.sql(over_sql(op, "input", union.columns))
-        elif op.type == "lookup":
-            frames[name] = lookup_join(union, load_table(spark, r, op), op)
-        elif op.type == "stateful":
-            key_field = union.schema[op.key_by]
-            state = spark.createDataFrame([], f"`{op.key_by}` {key_field.dataType.simpleString()}, {op.state_schema}")
-            frames[name] = load_function(op.function)(union, state)[0]
-        else:
-            frames[name] = union
+        inputs = [frames[u].filter(op.where) if getattr(op, "where", None) else frames[u] for u in op.inputs]
+        frames[name] = _evaluate(spark, r, op, inputs)
     return frames
+
+
+def _evaluate(spark: SparkSession, r: redis.Redis, op, inputs: list[DataFrame]) -> DataFrame:
+    """One operator over its whole input (each input already filtered by its `where`)."""
+    union = None
+    for upstream, frame in zip(op.inputs, inputs):
+        frame.createOrReplaceTempView(view_name(upstream))
+        union = frame if union is None else union.unionByName(frame, allowMissingColumns=True)
+    union.createOrReplaceTempView("input")
+    if op.type == "join":
+        return _join(spark, op, *inputs)
+    if op.type == "sql":
+        return spark.sql(op.query)
+    if op.type == "pyspark":
+        return load_function(op.function)(union)
+    if op.type == "window_aggregate":
+        return _window(union, op)
+    if op.type == "over":
+        return spark.sql(over_sql(op, "input", union.columns))
+    if op.type == "lookup":
+        return lookup_join(union, load_table(spark, r, op), op)
+    if op.type == "stateful":
+        key_field = union.schema[op.key_by]
+        state = spark.createDataFrame([], f"`{op.key_by}` {key_field.dataType.simpleString()}, {op.state_schema}")
+        return load_function(op.function)(union, state)[0]
+    return union
+
+
+# Fields that change how an operator runs, not what it computes.
+_HOW_IT_RUNS = ("parallelism", "onError", "simulatedCostUs", "allowedLatenessMs", "maxLength", "path")
+
+
+def _reconfigured_outputs(spark: SparkSession, r: redis.Redis, plans: list[JobPlan]) -> dict[str, DataFrame]:
+    """The job reconfigured live: every source record carries the plan version in force at its offset (`_v`,
+    from the recorded cuts), and every operator computes each record under that version's spec.
+
+    A stateful stage merges records of every version into one state, so its own changes may only be to its
+    `where` (applied per record), and what it emits has no single version: an operator downstream of one
+    that changed what it computes cannot be verified per record, and is reported so.
+    """
+    latest = plans[-1]
+    store = RedisJobStore(r, latest.name)
+    cuts = {p.version: store.cut(p.version) for p in plans[1:]}
+    frames: dict[str, DataFrame] = {}
+    versioned: dict[str, bool] = {}  # whether each row of the frame says its version
+    for name in latest.spec.topological_order():
+        specs = [p.spec.operator(name) for p in plans]
+        op = specs[-1]
+        if op in latest.spec.sources:
+            frames[name] = spark.createDataFrame(_versioned_source(r, plans, name, cuts)).withColumn(
+                "_ingest_ms", F.lit(0))
+            versioned[name] = True
+            continue
+        computes = {json.dumps(_what_it_computes(s, keep_where=op.type not in STATEFUL_TYPES), sort_keys=True)
+                    for s in specs}
+        if len(computes) > 1 and (op.type in STATEFUL_TYPES or not all(versioned[u] for u in op.inputs)):
+            raise Unverifiable(f"{name}: changed live {'' if op.type in STATEFUL_TYPES else 'downstream of a '}"
+                               "stateful stage; records of several plan versions meet in its state, so the oracle "
+                               "cannot tell which version each output row met")
+        if op.type in STATEFUL_TYPES or not all(versioned[u] for u in op.inputs):
+            inputs = [_where_per_version(frames[u], specs, versioned[u]) for u in op.inputs]
+            frames[name] = _evaluate(spark, r, op, inputs)
+            versioned[name] = False
+            continue
+        parts = []
+        for version, spec in enumerate(specs):
+            inputs = [frames[u].filter(F.col("_v") == version) for u in op.inputs]
+            if getattr(spec, "where", None):
+                inputs = [frame.filter(spec.where) for frame in inputs]
+            parts.append(_evaluate(spark, r, spec, inputs).withColumn("_v", F.lit(version)))
+        frames[name] = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), parts)
+        versioned[name] = True
+    return frames
+
+
+def _what_it_computes(spec, keep_where: bool) -> dict:
+    fields = spec.model_dump(mode="json", by_alias=True)
+    return {k: v for k, v in fields.items() if k not in _HOW_IT_RUNS and (keep_where or k != "where")}
+
+
+def _where_per_version(frame: DataFrame, specs: list, versioned: bool) -> DataFrame:
+    wheres = [getattr(spec, "where", None) for spec in specs]
+    if len(set(wheres)) == 1:
+        return frame.filter(wheres[0]) if wheres[0] else frame
+    if not versioned:
+        raise Unverifiable(f"{specs[-1].name}: its where changed live downstream of a stateful stage")
+    condition = reduce(lambda a, b: a | b, [(F.col("_v") == v) & (F.expr(w) if w else F.lit(True))
+                                            for v, w in enumerate(wheres)])
+    return frame.filter(condition)
+
+
+def _versioned_source(r: redis.Redis, plans: list[JobPlan], op: str, cuts: dict[int, dict]) -> pa.Table:
+    """A generator source's committed records, each with the plan version in force at its offset."""
+    plan = plans[-1]
+    spec = plan.spec.operator(op)
+    if spec.type == "redis_stream":
+        raise Unverifiable(f"{op}: per-version replay of an external stream is not built; the run's output was "
+                           "not checked")
+    count = plan.key_groups(op)
+    committed = RedisJobStore(r, plan.name).partitions(op, range(count))
+    shed = shed_indices(r, plan, op) if spec.load_shedding is not None else None
+    tables = []
+    for version in range(len(plans)):
+        parts = []
+        for p, (progress, _) in committed.items():
+            end_of_input = int(progress.cursor) if progress else 0
+            bounds = []
+            for v in (version, version + 1):
+                if v == 0 or v == len(plans):
+                    bounds.append(0 if v == 0 else end_of_input)
+                elif (op, p) not in cuts[v]:
+                    raise Unverifiable(f"{op}: partition {p} never switched to plan version {v}")
+                else:
+                    bounds.append(int(cuts[v][(op, p)]))
+            parts.append(generators.global_indices(p, count, bounds[0], bounds[1]))
+        indices = np.sort(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
+        if shed is not None:
+            indices = np.setdiff1d(indices, shed, assume_unique=True)
+        table = generators.generate(spec, plan.t0_ms, indices)
+        tables.append(table.append_column("_v", pa.array(np.full(table.num_rows, version, dtype=np.int32))))
+    return pa.concat_tables(tables)
 
 
 def canonical(value: Any) -> Any:

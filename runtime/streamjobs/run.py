@@ -15,6 +15,7 @@ import redis
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
+from streamjobs_core.control import ReconfigureRecord
 from streamjobs_core.spec import StreamJob
 
 from . import report as reporting
@@ -82,6 +83,7 @@ def run_job(
             "dead_letters_by_operator": reporting.dead_letter_counts(runtime.r, runtime.plan),
             "shed": {op.decode(): int(n) for op, n in runtime.r.hgetall(runtime.keys.shed_totals).items()},
             "rescales": [record.as_dict() for record in runtime.jobs.rescale_history()],
+            "reconfigurations": [record.as_dict() for record in runtime.jobs.reconfigure_history()],
             "autoscaler": {
                 "policy": job.spec.autoscaler.policy,
                 "decisions": autoscaler.log.entries(),
@@ -138,12 +140,20 @@ def _tick(runtime, console, autoscaler) -> bool:
     _resume_rescale(runtime, console)
     try:
         for record in runtime.handle_requests():
+            if isinstance(record, ReconfigureRecord):
+                if record.refused or record.version is None:
+                    console.print(f"reconfiguration refused: {record.refused}" if record.refused else
+                                  f"reconfigured: {'; '.join(record.changes)}")
+                else:
+                    console.print(f"reconfigured live to plan version {record.version} in {record.duration_s:.1f} s "
+                                  f"(input held back {record.pause_ms:.0f} ms at most): {'; '.join(record.changes)}")
+                continue
             console.print(f"rescaled {record.operator} {record.from_parallelism} -> {record.to_parallelism} "
                           f"({record.strategy}): pause {record.pause_ms:.0f} ms")
     except redis.ConnectionError:
         raise
     except Exception as exc:  # noqa: BLE001 - what it left in Redis is resumed or rolled back next tick
-        console.print(f"rescale failed: {exc}")
+        console.print(f"rescale or reconfiguration failed: {exc}")
     autoscaler.tick()
     return runtime.drained()
 

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import signal
+import threading
 from pathlib import Path
 
 import pytest
@@ -47,3 +48,15 @@ def killer(schedule: list[tuple[float, str, int]]):
 
     during.killed = killed
     return during
+
+
+def in_a_thread(watch):
+    """`watch(runtime)` started once, in a thread: a rescale blocks the runtime's loop that calls `during`."""
+    started: list[threading.Thread] = []
+
+    def start(runtime) -> None:
+        if not started:
+            started.append(threading.Thread(target=watch, args=(runtime,), daemon=True))
+            started[0].start()
+
+    return start

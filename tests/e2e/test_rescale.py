@@ -13,7 +13,7 @@ import redis
 from streamjobs_core.control import Phase, RescaleRecord
 from streamjobs_core.jobstore import RedisJobStore
 
-from .conftest import ROOT, assert_exact, killer
+from .conftest import ROOT, assert_exact, in_a_thread, killer
 
 
 def rescaler(plan: list[tuple[float, str, int, str]], settle_s: float = 6.0):
@@ -33,18 +33,6 @@ def rescaler(plan: list[tuple[float, str, int, str]], settle_s: float = 6.0):
 
     during.records = records
     return during
-
-
-def in_a_thread(watch):
-    """`watch(runtime)` started once, in a thread: a rescale blocks the runtime's loop that calls `during`."""
-    started: list[threading.Thread] = []
-
-    def start(runtime) -> None:
-        if not started:
-            started.append(threading.Thread(target=watch, args=(runtime,), daemon=True))
-            started[0].start()
-
-    return start
 
 
 def test_a_stateful_stage_survives_sigkills_then_a_cli_restart_rescale(redis_server, run):

@@ -17,6 +17,7 @@ import msgpack
 import pyarrow as pa
 from streamjobs_core.chaining import Chain
 from streamjobs_core.plan import JobPlan
+from streamjobs_core.spec import STATEFUL_TYPES
 
 from . import phases, poison
 from .inputs import InputBatch
@@ -43,6 +44,9 @@ class OperatorChain:
                  metrics: WorkerMetrics, r=None) -> None:
         self._plan = plan
         self.chain = chain
+        self._instance = instance
+        self._store = store
+        self._r = r
         spec = plan.spec
         self.members: list[_Member] = []
         for op in chain.operators:
@@ -54,6 +58,23 @@ class OperatorChain:
                 # Only a head can hold keyed state: a chained member is stateless (chaining.forward).
                 member.stage = make_stage(operator, store, spec.max_parallelism, r)
             self.members.append(member)
+
+    def switch(self, plan: JobPlan) -> None:
+        """Run `plan` from the next batch on (a live reconfiguration): a changed stateless stage or sink is
+        built anew, a changed stateful stage keeps its state and takes the new fields (reconfigure.py allows
+        only those its state does not depend on)."""
+        self._plan = plan
+        for member in self.members:
+            operator = plan.spec.operator(member.op)
+            if operator == member.spec:
+                continue
+            if member.sink is not None:
+                member.sink = make_sink(plan, member.op, self._instance)
+            elif member.stage is not None and operator.type in STATEFUL_TYPES:
+                member.stage.reconfigure(operator)
+            elif member.stage is not None:
+                member.stage = make_stage(operator, self._store, plan.spec.max_parallelism, self._r)
+            member.spec = operator
 
     @property
     def stages(self) -> list[Any]:

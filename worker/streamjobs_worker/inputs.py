@@ -13,6 +13,13 @@ groups, not instances, so it survives any rescale of the upstream.
 A handover marker (handover.py) parks its stream: nothing after it is read
 here. Once every stream of a key group is parked, the worker releases the key
 group with its next commit; the new owner reads on from the marker.
+
+A reconfiguration barrier (reconfigure.py) does not park its stream: several
+producers share a stream, and one's barrier may precede another's older
+records. What a producer wrote after its barrier goes to the batch's `post`
+part, with its watermarks kept apart, until every producer of every owned
+stream passed the barrier (`aligned`); the worker then processes the two
+parts under the two plans in one commit.
 """
 
 from __future__ import annotations
@@ -40,9 +47,11 @@ class _Stream:
     kg: int
     cursor: bytes
     upstream_watermarks: np.ndarray
+    passed: np.ndarray  # per upstream key group: the last plan version whose barrier it passed
     read_records: int = 0
     changed: bool = False
     marker: int | None = None  # parked at a handover marker naming this new owner
+    post_watermarks: np.ndarray | None = None  # advanced by what producers wrote after their barriers
 
 
 @dataclass
@@ -57,6 +66,7 @@ class InputBatch:
     bad: list[tuple[str, bytes, str, str]] = field(default_factory=list)
     watermark: int = MIN_WATERMARK  # the instance's input watermark after this batch
     waited_s: float = 0.0  # time the read spent waiting for records to fall due (idle, not busy)
+    post: InputBatch | None = None  # written after their producers' reconfiguration barriers: the next plan's
 
     def table(self, upstream: str) -> pa.Table | None:
         parts = self.tables.get(upstream)
@@ -72,6 +82,13 @@ class InputBatch:
         self.full = later.full
         self.bad.extend(later.bad)
         self.watermark = later.watermark
+        if later.post is not None:
+            if self.post is None:
+                self.post = InputBatch()
+            for upstream, parts in later.post.tables.items():
+                self.post.tables.setdefault(upstream, []).extend(parts)
+            self.post.records += later.post.records
+            self.post.entries += later.post.entries
 
 
 class Input(Protocol):
@@ -98,6 +115,15 @@ class Input(Protocol):
     def key_group_watermarks(self) -> dict[int, int]:
         """The input watermark of every owned key group."""
 
+    version: int  # the plan version the instance runs
+    aligning_since: float | None  # set while the instance holds its input back for a reconfiguration
+
+    def aligned(self) -> int | None:
+        """The plan version to switch to with the next commit, if the instance is due to (reconfigure.py)."""
+
+    def switch(self, version: int) -> None:
+        """The instance runs `version` from now."""
+
 
 class StreamInput:
     def __init__(self, r: redis.Redis, store: JobStore, plan: JobPlan, op: str, instance: int,
@@ -107,6 +133,8 @@ class StreamInput:
         self._plan = plan
         self._op = op
         self._instance = instance
+        self.version = plan.version  # the plan this instance runs
+        self.aligning_since: float | None = None  # when the first barrier of the next version was read
         self._streams: dict[str, _Stream] = {}
         self._add(owned)
 
@@ -116,7 +144,8 @@ class StreamInput:
             width = self._plan.key_groups(edge.upstream)
             for kg in kgs:
                 key = self._plan.keys.kg_stream(edge.upstream, self._op, kg)
-                self._streams[key] = _Stream(key, edge, kg, b"0-0", np.full(width, MIN_WATERMARK, dtype=np.int64))
+                self._streams[key] = _Stream(key, edge, kg, b"0-0", np.full(width, MIN_WATERMARK, dtype=np.int64),
+                                             np.full(width, self.version, dtype=np.int64))
                 added.append(key)
         return added
 
@@ -138,6 +167,23 @@ class StreamInput:
         for s in self._streams.values():
             markers.setdefault(s.kg, []).append(s.marker)
         return {kg: found[0] for kg, found in markers.items() if None not in found}
+
+    def aligned(self) -> int | None:
+        """The next plan version, once every producer of every owned stream passed its barrier."""
+        if not self._streams or self.aligning_since is None:
+            return None
+        if all(int(s.passed.min()) > self.version for s in self._streams.values()):
+            return self.version + 1
+        return None
+
+    def switch(self, version: int) -> None:
+        """The instance runs `version` from now: what producers wrote after their barriers is ordinary input."""
+        for s in self._streams.values():
+            if s.post_watermarks is not None:
+                np.maximum(s.upstream_watermarks, s.post_watermarks, out=s.upstream_watermarks)
+                s.post_watermarks = None
+        self.version = version
+        self.aligning_since = None
 
     def _load(self, names: list[str]) -> None:
         if not names:
@@ -212,13 +258,36 @@ class StreamInput:
                     stream.marker = entry.marker
                     return  # what follows belongs to the new owner
                 continue
+            if entry.barrier is not None:
+                self._pass(stream, entry)
+                continue
+            part, marks = batch, stream.upstream_watermarks
+            if entry.runs and all(stream.passed[lo : hi + 1].min() > self.version for lo, hi in entry.runs):
+                part, marks = self._after_barrier(stream, batch)
             for lo, hi in entry.runs:
-                view = stream.upstream_watermarks[lo : hi + 1]
+                view = marks[lo : hi + 1]
                 np.maximum(view, entry.watermark, out=view)
             if entry.table is not None and entry.table.num_rows:
-                batch.tables.setdefault(stream.edge.upstream, []).append(entry.table)
-                batch.records += entry.table.num_rows
+                part.tables.setdefault(stream.edge.upstream, []).append(entry.table)
+                part.records += entry.table.num_rows
                 stream.read_records += entry.table.num_rows
+
+    def _pass(self, stream: _Stream, entry) -> None:
+        if entry.barrier <= self.version:
+            return  # met again after a restart: this instance switched past it
+        if self.aligning_since is None:
+            self.aligning_since = time.monotonic()
+        for lo, hi in entry.runs:
+            view = stream.passed[lo : hi + 1]
+            np.maximum(view, entry.barrier, out=view)
+
+    @staticmethod
+    def _after_barrier(stream: _Stream, batch: InputBatch) -> tuple[InputBatch, np.ndarray]:
+        if batch.post is None:
+            batch.post = InputBatch()
+        if stream.post_watermarks is None:
+            stream.post_watermarks = stream.upstream_watermarks.copy()
+        return batch.post, stream.post_watermarks
 
     def key_group_watermarks(self) -> dict[int, int]:
         out: dict[int, int] = {}

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
-from streamjobs_core.codec import encode
+from streamjobs_core.codec import encode, encode_barrier
 from streamjobs_core.keygroups import key_groups_of_columns
 from streamjobs_core.plan import Edge, JobPlan
 from streamjobs_core.watermarks import MIN_WATERMARK
@@ -69,6 +69,14 @@ class OutputRouter:
                     txn.xadd(key, heartbeat)
                     self._told[key] = watermark
         return written
+
+    def barrier(self, version: int, txn: Transaction) -> None:
+        """Into every stream this instance feeds: what it writes from here on is produced under plan `version`
+        (reconfigure.py)."""
+        entry = encode_barrier(version, self._runs)
+        for edge in self._edges:
+            for kg in range(self._key_groups):
+                txn.xadd(self._plan.keys.kg_stream(self._op, edge.downstream, kg), entry)
 
     def _split(self, edge: Edge, table: pa.Table) -> list[tuple[int, pa.Table]]:
         if edge.key_by is None:

@@ -36,6 +36,9 @@ class SourceInput:
         self.source = make_source(r, store, plan, op, owned)
         self._stop_requested = False
         self._last_control = 0.0
+        self.version = plan.version  # the plan this instance runs
+        self._asked_version = plan.version  # the version a reconfiguration in progress asks for
+        self.aligning_since: float | None = None  # a source has no barriers to wait for
         self._shed_log: list[tuple[dict, int]] = []  # shed log entries and counts of the batch, not committed yet
 
     def restore(self) -> None:
@@ -45,6 +48,9 @@ class SourceInput:
         started = time.time()
         if started - self._last_control >= _CONTROL_EVERY_S:
             self._stop_requested = self._jobs.stop_requested()
+            reconfiguring = self._jobs.reconfigure_state()
+            if reconfiguring is not None:
+                self._asked_version = reconfiguring.version
             self._last_control = started
         if isinstance(self.source, RedisInputSource):
             table, watermark = self.source.poll(budget, started, self._stop_requested, block_ms)
@@ -92,6 +98,18 @@ class SourceInput:
             txn.after_commit.append(lambda shed=shed: self._metrics.shed_records.inc(shed))
         self._shed_log.clear()
         self.source.add_progress(txn)
+
+    def aligned(self) -> int | None:
+        """The plan version to switch to with this batch's commit, when a reconfiguration asks for one: the
+        commit's offsets are the cut (reconfigure.py)."""
+        return self._asked_version if self._asked_version > self.version else None
+
+    def switch(self, version: int) -> None:
+        self.version = version
+
+    def offsets(self) -> dict[int, int | bytes]:
+        """Per owned partition, where the next commit leaves it: a reconfiguration's cut, when it switches."""
+        return self.source.offsets()
 
     def acquire(self, kgs) -> None:
         self.source.acquire(kgs)

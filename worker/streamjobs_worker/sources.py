@@ -136,6 +136,10 @@ class GeneratorSource(_PartitionedSource):
         self._jobs.record_partitions(txn, self._op, {p: PartitionProgress(self._next[p]) for p in self._moved})
         self._moved.clear()
 
+    def offsets(self) -> dict[int, int]:
+        """Per owned partition: the offset it reads on from (what the next commit records)."""
+        return {p: self._next[p] for p in self._partitions}
+
     @property
     def finished(self) -> bool:
         return self.watermark() == MAX_WATERMARK
@@ -282,6 +286,10 @@ class RedisInputSource(_PartitionedSource):
 
     def watermark(self) -> int:
         return MAX_WATERMARK if self._stopped else min(self._marks.values(), default=MIN_WATERMARK)
+
+    def offsets(self) -> dict[int, bytes]:
+        """Per owned partition: the last entry read (what the next commit records)."""
+        return dict(self._cursor)
 
     def add_progress(self, txn: Transaction) -> None:
         progress = {p: PartitionProgress(self._cursor[p], self._counts[p].records, self._counts[p].position,

@@ -44,6 +44,11 @@ class _SparkStage:
         self.late_records = 0  # records dropped as late since the worker last read this
         self._read_views = self._views()
 
+    def reconfigure(self, spec) -> None:
+        """A live change (reconfigure.py) to fields the state does not depend on: the state stays."""
+        self.spec = spec
+        self._read_views = self._views()
+
     def _views(self) -> set[str]:
         """The views the stage's query reads: `input` (the union) and each input by its name. Registering
         one costs a round trip and an analysis in the JVM: a stage registers only those it reads."""
@@ -322,6 +327,11 @@ class Stateful(_SparkStage):
         self._fn = load_function(spec.function)
         self._max_parallelism = max_parallelism
         self._state_fields = self.spark.createDataFrame([], spec.state_schema).schema.fields
+
+    def reconfigure(self, spec: StatefulStage) -> None:
+        """A new function over the same stateSchema (reconfigure.py refuses another schema)."""
+        super().reconfigure(spec)
+        self._fn = load_function(spec.function)
 
     def process(self, batch, watermark: int) -> tuple[pa.Table | None, int]:
         if not batch.records:

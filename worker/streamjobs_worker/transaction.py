@@ -68,7 +68,7 @@ class Checkpoint:
         self._incarnation = incarnation
         self._generation: bytes | None = None
         self._store = store
-        self._snapshot_every = snapshot_every_batches
+        self.snapshot_every = snapshot_every_batches
         self._batches = 0
         self.changelog_ids: dict[int, bytes] = {}  # per key group: the last changelog entry committed or applied
         self._unsnapshotted: set[int] = set()
@@ -93,7 +93,7 @@ class Checkpoint:
                 self._unsnapshotted.discard(kg)
                 self._snapshot_sizes.pop(kg, None)
         self._batches += 1
-        if self._batches % self._snapshot_every == 0 and self._unsnapshotted:
+        if self._batches % self.snapshot_every == 0 and self._unsnapshotted:
             return self.snapshot()
         return None
 

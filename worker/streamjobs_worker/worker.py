@@ -27,8 +27,9 @@ from streamjobs_core.control import InstanceAddress
 from streamjobs_core.jobstore import RedisJobStore
 from streamjobs_core.keygroups import runs
 from streamjobs_core.plan import JobPlan, edge_totals
+from streamjobs_core.reconfigure import plan_in_force
 from streamjobs_core.spec import STATEFUL_TYPES
-from streamjobs_core.watermarks import MAX_WATERMARK
+from streamjobs_core.watermarks import MAX_WATERMARK, MIN_WATERMARK
 
 from . import phases, recovery
 from .chain import OperatorChain, dead_letter
@@ -66,12 +67,13 @@ class Worker:
                                 f"({' -> '.join(chain.operators)}); set chain: false on it to run it on its own")
         self.r = r
         self.jobs = jobs = RedisJobStore(r, plan.name)
-        self.plan = plan
         self.op = op
         self.instance = instance
-        self.spec = plan.spec.operator(op)
         assignment = jobs.assignment(op) or plan.initial_assignment(op)
         self.ownership = Ownership(jobs, plan, op, instance)
+        # Mid-reconfiguration, the key groups may not have switched to the latest plan yet.
+        self.plan = plan = plan_in_force(jobs, plan, op, self.ownership.owned)
+        self.spec = plan.spec.operator(op)
         self.incarnation = jobs.new_incarnation(op, instance)
         self.metrics = WorkerMetrics(plan.name, op, instance)
         self.metrics.owned_key_groups.set(len(self.owned))
@@ -147,7 +149,11 @@ class Worker:
         else:
             self.metrics.idle_seconds.inc(read_s)
         releases = self._handovers()
-        if not self.pacing.due(batch, bool(releases), time.monotonic()):
+        switch_to = self.input.aligned()
+        due = self.pacing.due(batch, bool(releases) or switch_to is not None, time.monotonic())
+        if switch_to is None and self.input.aligning_since is not None:
+            return  # holding back until every producer passed its reconfiguration barrier
+        if not due:
             self._take_over()
             return
         self._pending = None
@@ -155,12 +161,14 @@ class Worker:
         txn = Transaction()
         for stream, entry_id, error, record in batch.bad:
             dead_letter(txn, self.plan, self.op, stream, entry_id, error, record, self.metrics)
-        output, watermark = self.chain.process(batch, txn)
+        watermark = self._process(batch, txn)
+        records = batch.records
+        if switch_to is not None:
+            self._switch(switch_to, txn)
+            if batch.post is not None:
+                watermark = self._process(self._post(batch.post), txn)
+                records += batch.post.records
         self.input.add_progress(txn)
-        if self.router is not None:
-            written = self.router.route(output, watermark, txn)
-            self.metrics.records_out.inc(written)
-            self._written_since_check += written
         self._end_of_input(watermark, txn)
         with phases.phase("commit"):
             if releases:
@@ -172,14 +180,53 @@ class Worker:
         busy = self._pending_busy_s + time.monotonic() - began
         self._pending_busy_s = 0.0
         self.metrics.watermark.set(min(batch.watermark, 2**53))
-        if batch.records:
-            self.metrics.count_batch(batch.records, busy)
+        if records:
+            self.metrics.count_batch(records, busy)
             self.metrics.batch_duration.observe(busy)
         else:
             self.metrics.idle_seconds.inc(busy)  # a watermark-only batch: bookkeeping, not useful work
         self.pacing.ran(batch, busy, time.monotonic())
         self._adapt(batch, busy)
         self._report_lag()
+
+    def _process(self, batch: InputBatch, txn: Transaction) -> int:
+        """Run the batch through the chain and route the tail's output; the output watermark."""
+        output, watermark = self.chain.process(batch, txn)
+        if self.router is not None:
+            written = self.router.route(output, watermark, txn)
+            self.metrics.records_out.inc(written)
+            self._written_since_check += written
+        return watermark
+
+    # --- live reconfiguration (streamjobs_core.reconfigure) ----------------------
+
+    def _switch(self, version: int, txn: Transaction) -> None:
+        """Between the batch's part under the old plan and its part under `version`: barriers downstream, then
+        the new plan, and the switch of the owned key groups (a source's: with their offsets, the cut)
+        recorded in the same commit."""
+        held_ms = 0.0 if self.input.aligning_since is None else (time.monotonic() - self.input.aligning_since) * 1000
+        if self.router is not None:
+            self.router.barrier(version, txn)
+        plan = self.jobs.plan_version(version)
+        self.plan, self.spec = plan, plan.spec.operator(self.op)
+        self.chain.switch(plan)
+        if self.router is not None:
+            self.router = OutputRouter(plan, self.chain.chain.tail, runs(self.owned))
+        self.pacing = Pacing(plan.spec.batching, self.spec, self.is_source, runs_spark=bool(self.chain.stages))
+        self.checkpoint.snapshot_every = plan.spec.state.snapshot_every_batches
+        self.jobs.record_versions(txn, self.op, self.owned, version)
+        if self.is_source:
+            self.jobs.record_cut(txn, self.op, version, self.input.offsets())
+        self.jobs.record_aligned(txn, self.op, self.instance, version, held_ms)
+        self.input.switch(version)
+        txn.after_commit.append(lambda: log.info("%s/%d switched to plan version %d (input held back %.0f ms)",
+                                                 self.op, self.instance, version, held_ms))
+
+    def _post(self, post: InputBatch) -> InputBatch:
+        """What producers wrote after their barriers, with the watermarks they wrote with it."""
+        post.watermarks = self.input.key_group_watermarks()
+        post.watermark = min(post.watermarks.values(), default=MIN_WATERMARK)
+        return post
 
     def _read(self) -> tuple[InputBatch, float]:
         """The input read so far: what was pending, and what arrived since (waiting at most until it is due);
@@ -188,7 +235,9 @@ class Worker:
             batch = self.input.read(self._source_budget,
                                     self.pacing.source_wait_ms(self.input.behind, time.monotonic()))
             return batch, batch.waited_s
-        block_ms = self.pacing.wait_ms(self._pending, time.monotonic())
+        # Holding back for barriers, the batch is due when they arrive, not by time.
+        holding = self.input.aligning_since is not None
+        block_ms = self.pacing.wait_ms(None if holding else self._pending, time.monotonic())
         read = self.input.read(self._entries_per_stream, block_ms)
         batch = read
         if self._pending is not None:

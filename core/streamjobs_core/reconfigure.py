@@ -1,0 +1,245 @@
+"""Live reconfiguration: a running job's spec changes without a stop, at a consistent cut.
+
+What may change live is decided field by field (`diff`): a stage's logic
+(`query`, `function`, `where`, `select`, ...), `onError`, `simulatedCostUs`,
+a sink's settings, batching and snapshot settings. A stateful stage keeps its
+state only while its key and its state's meaning stay: its key, window,
+aggregations, join bounds or state schema cannot change live, and such a
+change is refused with the field named, never applied with the state dropped.
+Parallelism is a rescale (rescale.py), done after the live part.
+
+How it happens (Chi's control events, carried like Flink's checkpoint
+barriers): the controller publishes plan version v and asks the sources to
+switch. Each source instance switches at its next commit: the offsets of that
+commit are the cut, recorded per partition, and it writes a barrier (codec.py)
+into every stream it feeds, in the same commit. A downstream instance keeps
+reading, but holds back what its producers wrote after their barriers until
+every producer of every key group it owns has passed one (alignment); then,
+in one commit, it processes what came before under the old plan, writes its
+own barriers, switches, and processes what came after under the new plan.
+So every record is processed under the plan in force at its source offset, by
+every operator, and a record is never processed under both or neither. Each
+key group records its version in the switching commit: a worker restarted
+mid-way runs the version its key groups are at and meets the same barriers again.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+
+from .control import ReconfigureRecord, ReconfigureState
+from .jobstore import JobStore
+from .plan import JobPlan
+from .spec import StreamJob
+
+# Fields of a stateful stage that give its state its meaning: changed, the state would be read wrongly.
+_STATE_FIELDS = {
+    "window_aggregate": ("keyBy", "window", "aggregations"),
+    "stateful": ("keyBy", "stateSchema"),
+    "join": ("on", "kind", "window", "lowerMs", "upperMs", "ttlMs", "how"),
+    "over": ("keyBy", "rows", "orderBy", "aggregations"),
+}
+# Fields that shape the graph: the chains, the streams between operators and their partitioning.
+_SHAPE_FIELDS = ("type", "inputs", "chain")
+_GROUPS = ("sources", "stages", "sinks")
+
+
+class How(StrEnum):
+    LIVE = "live"
+    RESCALE = "rescale"
+    REFUSED = "refused"
+
+
+@dataclass(frozen=True)
+class Change:
+    path: str  # as in the spec: spec.stages[enrich].query
+    how: How
+    reason: str = ""
+    operator: str | None = None  # the operator it belongs to, if any
+
+    def describe(self) -> str:
+        return f"{self.path}: {self.how.value}" + (f" ({self.reason})" if self.reason else "")
+
+
+@dataclass(frozen=True)
+class Reconfiguration:
+    """What a new spec changes in a running job, field by field."""
+
+    changes: tuple[Change, ...]
+
+    @property
+    def refused(self) -> tuple[Change, ...]:
+        return tuple(c for c in self.changes if c.how is How.REFUSED)
+
+    @property
+    def live(self) -> tuple[Change, ...]:
+        return tuple(c for c in self.changes if c.how is How.LIVE)
+
+    @property
+    def rescales(self) -> tuple[Change, ...]:
+        return tuple(c for c in self.changes if c.how is How.RESCALE)
+
+    def lines(self) -> list[str]:
+        return [c.describe() for c in self.changes] or ["no change"]
+
+
+class Refused(ValueError):
+    """A change that cannot be made to the running job; the message names each field and why."""
+
+    def __init__(self, changes: tuple[Change, ...]) -> None:
+        super().__init__("; ".join(c.describe() for c in changes))
+        self.changes = changes
+
+
+def diff(old: StreamJob, new: StreamJob) -> Reconfiguration:
+    """Classify every field `new` changes against the running `old`."""
+    a, b = (job.spec.model_dump(mode="json", by_alias=True) for job in (old, new))
+    changes: list[Change] = []
+    if old.metadata.name != new.metadata.name:
+        changes.append(Change("metadata.name", How.REFUSED, "a different job"))
+    for key in sorted(a.keys() | b.keys()):
+        if key in _GROUPS or key == "suspend" or a.get(key) == b.get(key):
+            continue
+        changes.extend(_settings(key, a.get(key), b.get(key)))
+    for group in _GROUPS:
+        before = {op["name"]: op for op in a[group]}
+        after = {op["name"]: op for op in b[group]}
+        for name in sorted(before.keys() ^ after.keys()):
+            verb = "adding" if name in after else "removing"
+            changes.append(Change(f"spec.{group}[{name}]", How.REFUSED,
+                                  f"{verb} an operator is not live yet: it needs a new job", name))
+        for name in sorted(before.keys() & after.keys()):
+            changes.extend(_operator(group, before[name], after[name]))
+    return Reconfiguration(tuple(changes))
+
+
+def _settings(key: str, old, new) -> list[Change]:
+    if key == "maxParallelism":
+        return [Change("spec.maxParallelism", How.REFUSED, "it maps keys to other key groups: the state would "
+                       "have to be re-split, which needs a new job")]
+    if key in ("batching", "rescale"):
+        return [Change(f"spec.{key}.{f}", How.LIVE) for f in _changed_fields(old, new)]
+    if key == "state":
+        return [Change(f"spec.state.{f}", How.LIVE if f == "snapshotEveryBatches" else How.REFUSED,
+                       "" if f == "snapshotEveryBatches" else "where the state lives: it needs a new job")
+                for f in _changed_fields(old, new)]
+    return [Change(f"spec.{key}", How.REFUSED, "read when the job starts: it needs a new job")]
+
+
+def _operator(group: str, old: dict, new: dict) -> list[Change]:
+    path = f"spec.{group}[{old['name']}]"
+    out = []
+    for f in _changed_fields(old, new):
+        where = f"{path}.{f}"
+        name = old["name"]
+        if f == "parallelism":
+            out.append(Change(where, How.RESCALE, f"{old[f]} -> {new[f]}", name))
+        elif f in _SHAPE_FIELDS:
+            out.append(Change(where, How.REFUSED, "it changes the job's graph: it needs a new job", name))
+        elif group == "sources":
+            out.append(Change(where, How.REFUSED, "a source's settings define its input: it needs a new job", name))
+        elif f in _STATE_FIELDS.get(old.get("type"), ()):
+            out.append(Change(where, How.REFUSED, f"the {old['type']} state depends on it: keep it, or start "
+                              "the job afresh", name))
+        else:
+            out.append(Change(where, How.LIVE, operator=name))
+    return out
+
+
+def _changed_fields(old: dict, new: dict) -> list[str]:
+    return sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+
+
+def plan_in_force(store: JobStore, plan: JobPlan, op: str, owned: tuple[int, ...]) -> JobPlan:
+    """The plan version the key groups (source partitions) `owned` of chain head `op` switched to last: what a
+    (re)starting instance of them runs. They switch together, in one instance's commit."""
+    if not owned:
+        return plan
+    versions = store.versions(op)
+    found = {versions.get(kg, 0) for kg in owned}
+    if len(found) > 1:  # one instance switches all it owns in one commit, and no rescale runs meanwhile
+        raise RuntimeError(f"{op}: owned key groups are at plan versions {sorted(found)}")
+    version = found.pop()
+    if version == plan.version:
+        return plan
+    earlier = store.plan_version(version)
+    if earlier is None:
+        raise LookupError(f"{op}: key groups at plan version {version}, which the job store no longer holds")
+    return earlier
+
+
+class ReconfigureController:
+    """Publishes a new plan version and waits until every key group of every chain switched to it.
+
+    One reconfiguration at a time, and none while a rescale runs: the caller (the local runtime, the
+    operator) serialises them. Resumable: a controller that died leaves the version published and the
+    barriers on their way; `resume` waits for them again.
+    """
+
+    def __init__(self, store: JobStore, timeout_s: float = 180.0, sleep: Callable[[float], None] = time.sleep,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._store = store
+        self._timeout_s = timeout_s
+        self._sleep = sleep
+        self._clock = clock
+
+    def apply(self, job: StreamJob, request: str | None = None) -> tuple[Reconfiguration, ReconfigureRecord | None]:
+        """Check `job` against the running plan; refused changes raise Refused (nothing is applied). Live
+        changes are applied; returns the classification and the record (None when nothing changes live)."""
+        self.resume()  # one at a time: a version still on its way goes first
+        running = self._store.plan()
+        changes = diff(running.job, job)
+        if changes.refused:
+            raise Refused(changes.refused)
+        if not changes.live:
+            return changes, None
+        version = running.version + 1
+        state = ReconfigureState(version, time.time(), tuple(c.describe() for c in changes.live), request)
+        # Parallelism stays the running one: the rescale that follows changes it, through its own controller.
+        self._store.publish_plan(JobPlan(_with_parallelism(job, running.job), running.t0_ms, version), state)
+        return changes, self._await(state)
+
+    def resume(self) -> ReconfigureRecord | None:
+        state = self._store.reconfigure_state()
+        return None if state is None else self._await(state)
+
+    def _await(self, state: ReconfigureState) -> ReconfigureRecord:
+        plan = self._store.plan_version(state.version)
+        deadline = self._clock() + self._timeout_s
+        while waiting := self.waiting(plan):
+            if self._clock() > deadline:
+                raise TimeoutError(f"plan version {state.version}: key groups not switched yet: "
+                                   + ", ".join(f"{op} {n}" for op, n in waiting.items()))
+            self._sleep(0.1)
+        aligned = self._store.aligned(state.version)
+        record = ReconfigureRecord(state.version, state.changes, state.request,
+                                   round(time.time() - state.started_at, 3), max(aligned.values(), default=0.0),
+                                   aligned)
+        self._store.end_reconfigure(record)
+        return record
+
+    def waiting(self, plan: JobPlan) -> dict[str, int]:
+        """Per chain head: how many of its key groups (source partitions) have not switched to `plan` yet."""
+        out = {}
+        for op in plan.vertices:
+            versions = self._store.versions(op)
+            behind = sum(1 for kg in range(plan.key_groups(op)) if versions.get(kg, 0) < plan.version)
+            if behind:
+                out[op] = behind
+        return out
+
+
+def _with_parallelism(job: StreamJob, running: StreamJob) -> StreamJob:
+    spec = job.spec
+    groups = {}
+    for group in _GROUPS:
+        groups[group] = tuple(op.model_copy(update={"parallelism": running.spec.operator(op.name).parallelism})
+                              for op in getattr(spec, group))
+    return job.model_copy(update={"spec": spec.model_copy(update=groups)})
+
+
+__all__ = ["Change", "How", "Reconfiguration", "ReconfigureController", "Refused", "diff",
+           "plan_in_force"]
