@@ -6,7 +6,6 @@ import json
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 import redis
