@@ -1,4 +1,4 @@
-"""What the operator does for one StreamJob, free of kopf: deploy, rescale, suspend, clean up.
+"""What the operator does for one StreamJob, free of kopf: deploy, reconfigure, rescale, suspend, clean up.
 
 handlers.py maps kopf's events onto these functions; everything here is
 idempotent, because kopf retries a handler that failed or that the operator's
@@ -16,6 +16,7 @@ from typing import Any
 from streamjobs_core.jobstore import RedisJobStore
 from streamjobs_core.loading import SpecError, parse_job
 from streamjobs_core.plan import JobPlan
+from streamjobs_core.reconfigure import Reconfiguration, ReconfigureController, diff
 from streamjobs_core.rescale import RescaleController, progress
 from streamjobs_core.spec import StreamJob
 
@@ -144,35 +145,52 @@ def _ensure_operator(ctx: JobContext, fleet: KubernetesFleet, op: str, assigned:
         fleet.ensure(current, replicas)
 
 
-def check_change(deployed: StreamJob, wanted: StreamJob) -> None:
-    """Only parallelism and suspend change live; anything else needs a new job (the plan is immutable)."""
-    def frozen_part(job: StreamJob) -> dict:
-        spec = job.spec.model_dump(mode="json", by_alias=True)
-        spec.pop("suspend")
-        for group in ("sources", "stages", "sinks"):
-            for op in spec[group]:
-                op.pop("parallelism")
-        return spec
-
-    old, new = frozen_part(deployed), frozen_part(wanted)
-    changed = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
-    if changed:
-        raise UnsupportedChange(
-            ", ".join(f"spec.{k}" for k in changed) + ": only parallelism and suspend can change on a running job; "
-            "delete and re-create the StreamJob to change anything else")
+def check_change(deployed: StreamJob, wanted: StreamJob) -> Reconfiguration:
+    """What the edit changes; raises UnsupportedChange naming every field that cannot change on the running
+    job (reconfigure.py says which and why)."""
+    changes = diff(deployed, wanted)
+    if changes.refused:
+        raise UnsupportedChange("; ".join(c.describe() for c in changes.refused)
+                                + ". Nothing was applied: revert these, or delete and re-create the StreamJob")
+    if changes.live and wanted.spec.suspend:
+        raise UnsupportedChange("; ".join(c.describe() for c in changes.live)
+                                + ": a suspended job changes live once it runs again; resume it first")
+    return changes
 
 
 def update(ctx: JobContext, body: Any, report: Callable[[str, dict], None] = lambda reason, record: None) -> str:
-    """A spec change: refused unless it is one of parallelism or suspend; else deploy what is missing
-    (sources of a job created suspended), then suspend or rescale."""
+    """A spec edit: refused as a whole if a field cannot change on the running job; else deploy what is
+    missing (sources of a job created suspended), then suspend, or change live and rescale."""
     with ctx.redis() as r:
         plan = store.read_plan(r, ctx.owner.name)
-    if plan is not None:
-        check_change(plan.job, ctx.job)
+    changes = check_change(plan.job, ctx.job) if plan is not None else None
     if deploy(ctx, body) == status.SUSPENDED:
         ctx.fleet().scale_all(lambda op: 0)
         return status.SUSPENDED
+    if changes is not None and changes.live:
+        reconfigure(ctx, changes, report)
     return rescale(ctx, report)
+
+
+def reconfigure(ctx: JobContext, changes: Reconfiguration,
+                report: Callable[[str, dict], None] = lambda reason, record: None) -> None:
+    """The live part of an edit, at a consistent cut (reconfigure.py): an Event per change, then one with what
+    it cost; the plan in the ConfigMap follows."""
+    for change in changes.live:
+        report("ReconfigureStarted", {"field": change.path, "operator": change.operator})
+    ctx.status.phase(status.RECONFIGURING, "; ".join(c.describe() for c in changes.live))
+    with ctx.redis() as r:
+        jobs = RedisJobStore(r, ctx.owner.name)
+        _, record = ReconfigureController(jobs, ctx.settings.ready_timeout_s).apply(ctx.job)
+        _publish_plan(ctx, jobs.plan())
+    if record is not None:
+        ctx.status.patch(lastReconfiguration=record.as_dict())
+        report("Reconfigured", record.as_dict())
+
+
+def _publish_plan(ctx: JobContext, plan: JobPlan) -> None:
+    ctx.kube.patch("configmaps", ctx.owner.namespace, resources.configmap_name(ctx.owner.name),
+                   {"data": {"plan.json": plan.to_json()}})
 
 
 def rescale(ctx: JobContext, report: Callable[[str, dict], None] = lambda reason, record: None) -> str:
@@ -202,11 +220,16 @@ def rescale(ctx: JobContext, report: Callable[[str, dict], None] = lambda reason
 
 
 def resume_rescale(ctx: JobContext) -> dict | None:
-    """After an operator restart: finish (or roll back) the rescale the controller persisted in Redis."""
+    """After an operator restart: finish a live reconfiguration it left, then finish (or roll back) the rescale
+    the controller persisted in Redis."""
     with ctx.redis() as r:
         plan = store.read_plan(r, ctx.owner.name)
         if plan is None:
             return None
+        jobs = RedisJobStore(r, plan.name)
+        if ReconfigureController(jobs, ctx.settings.ready_timeout_s).resume() is not None:
+            plan = jobs.plan()
+            _publish_plan(ctx, plan)
         record = _controller(r, plan, ctx.fleet()).resume()
         return None if record is None else record.as_dict()
 
@@ -268,4 +291,4 @@ def refresh_status(ctx: JobContext, last_flow: tuple[float, int] | None = None) 
 
 
 __all__ = ["JobContext", "NotReady", "SpecError", "UnsupportedChange", "cleanup", "deploy", "job_of",
-           "refresh_status", "rescale", "resume_rescale", "update"]
+           "reconfigure", "refresh_status", "rescale", "resume_rescale", "update"]

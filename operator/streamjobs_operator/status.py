@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from .kube import Kube
 from .resources import Owner
 
-PENDING, DEPLOYING, RUNNING, RESCALING, SUSPENDED, INVALID, FAILED = (
-    "Pending", "Deploying", "Running", "Rescaling", "Suspended", "Invalid", "Failed",
+PENDING, DEPLOYING, RUNNING, RESCALING, RECONFIGURING, SUSPENDED, INVALID, FAILED = (
+    "Pending", "Deploying", "Running", "Rescaling", "Reconfiguring", "Suspended", "Invalid", "Failed",
 )
 
 

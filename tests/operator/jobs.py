@@ -46,6 +46,17 @@ def window_counts(name: str, parallelism: int = 1, **spec) -> dict:
     })
 
 
+def tagged_words(name: str, tag: str = "v0") -> dict:
+    """Zipf words tagged by a Spark SQL stage chained to the source, copied to a Redis stream sink: the query is
+    what a test edits live."""
+    return _streamjob(name, {
+        "stages": [{"name": "tag", "type": "sql", "inputs": ["words"],
+                    "query": f"SELECT word, event_time, '{tag}' AS tag FROM input"}],
+        "sinks": [{"name": "copies", "type": "redis_stream", "inputs": ["tag"], "chain": False}],
+        "batching": {"minIntervalMs": 100, "maxWaitMs": 50},
+    })
+
+
 def apply(kube: Kube, doc: dict) -> dict:
     """`kubectl create -f`: the emulator gives it a uid, as the API server would."""
     return kube.ensure("streamjobs", doc)

@@ -66,7 +66,7 @@ def test_suspend_scales_to_zero_and_back_and_other_edits_are_refused(kube, job, 
     # One running job serves both checks (each job costs its workers' start-up CPU).
     kube.patch("streamjobs", NAMESPACE, "pausing", {"spec": {"maxParallelism": 24}})
     error = eventually(lambda: get(kube, "pausing")["status"].get("error"), 30, "error in status")
-    assert error.startswith("spec.maxParallelism: only parallelism and suspend can change")
+    assert error.startswith("spec.maxParallelism: refused (it maps keys to other key groups")
     assert RedisJobStore(redis_client, "pausing").plan().spec.max_parallelism == 12
     kube.patch("streamjobs", NAMESPACE, "pausing", {"spec": {"maxParallelism": 12}})
     eventually(lambda: not get(kube, "pausing")["status"].get("error"), 30, "error cleared")

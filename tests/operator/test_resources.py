@@ -74,14 +74,17 @@ def test_long_names_are_shortened_to_valid_lengths_and_stay_distinct():
     assert len(resources.service_name(job, op)) <= 63
 
 
-def test_only_parallelism_and_suspend_may_change():
+def test_an_edit_that_cannot_change_the_running_job_is_refused_naming_the_field():
     old = job_of(wordcopy("j"))
-    new = wordcopy("j", sink_parallelism=3, suspend=True)
-    check_change(old, job_of(new))
+    assert [c.path for c in check_change(old, job_of(wordcopy("j", sink_parallelism=3, suspend=True))).rescales] == [
+        "spec.sinks[copies].parallelism"]
+    assert check_change(old, job_of(wordcopy("j", sink_cost_us=5.0))).live
     changed = wordcopy("j")
-    changed["spec"]["sources"][0]["vocabulary"] = 7
-    with pytest.raises(UnsupportedChange, match=r"^spec\.sources: only parallelism"):
+    changed["spec"]["sources"] = [{**changed["spec"]["sources"][0], "vocabulary": 7}]
+    with pytest.raises(UnsupportedChange, match=r"^spec\.sources\[words\]\.vocabulary: refused \(a source's"):
         check_change(old, job_of(changed))
+    with pytest.raises(UnsupportedChange, match=r"resume it first"):
+        check_change(old, job_of(wordcopy("j", sink_cost_us=5.0, suspend=True)))
 
 
 def test_the_redis_url_comes_from_the_spec_or_the_operator_default():
