@@ -33,6 +33,7 @@ from enum import StrEnum
 from .control import ReconfigureRecord, ReconfigureState
 from .jobstore import JobStore
 from .plan import JobPlan
+from .rescale import Fleet
 from .spec import StreamJob
 
 # Fields of a stateful stage that give its state its meaning: changed, the state would be read wrongly.
@@ -186,9 +187,13 @@ class ReconfigureController:
         self._sleep = sleep
         self._clock = clock
 
-    def apply(self, job: StreamJob, request: str | None = None) -> tuple[Reconfiguration, ReconfigureRecord | None]:
+    def apply(self, job: StreamJob, request: str | None = None, restart: Fleet | None = None,
+              ) -> tuple[Reconfiguration, ReconfigureRecord | None]:
         """Check `job` against the running plan; refused changes raise Refused (nothing is applied). Live
-        changes are applied; returns the classification and the record (None when nothing changes live)."""
+        changes are applied; returns the classification and the record (None when nothing changes live).
+
+        With `restart`, the same change the way Flink makes it, the baseline: every worker stops after its
+        last commit (which is then the cut), and the job starts again on the new plan."""
         self.resume()  # one at a time: a version still on its way goes first
         running = self._store.plan()
         changes = diff(running.job, job)
@@ -198,8 +203,13 @@ class ReconfigureController:
             return changes, None
         version = running.version + 1
         state = ReconfigureState(version, time.time(), tuple(c.describe() for c in changes.live), request)
+        if restart is not None:
+            parallelism = {op: self._store.assignment(op).parallelism for op in running.vertices}
+            restart.stop_job()
         # Parallelism stays the running one: the rescale that follows changes it, through its own controller.
         self._store.publish_plan(JobPlan(_with_parallelism(job, running.job), running.t0_ms, version), state)
+        if restart is not None:
+            restart.start_job(parallelism)
         return changes, self._await(state)
 
     def resume(self) -> ReconfigureRecord | None:

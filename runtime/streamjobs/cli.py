@@ -163,6 +163,10 @@ def _bench(args) -> int:
 
         png = str(Path(args.json).with_suffix(".png")) if args.json else None
         measured = rescale.run(args.quick, args.state_mb, png, args.strategy)
+    elif args.name == "reconfigure":
+        from .bench import reconfigure
+
+        measured = reconfigure.run(args.quick)
     elif args.name == "state":
         from .bench import state
 
@@ -252,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     reconfigure.set_defaults(func=_reconfigure)
 
     bench = sub.add_parser("bench", help="benchmarks measured on this machine")
-    bench.add_argument("name", choices=["throughput", "latency", "hop", "autoscale", "rescale", "state"])
+    bench.add_argument("name", choices=["throughput", "latency", "hop", "autoscale", "rescale", "state", "reconfigure"])
     bench.add_argument("--scenario", action="append", default=None,
                        help="autoscale: run only this load profile (repeatable)")
     bench.add_argument("--strategy", action="append", default=None, choices=STRATEGIES,

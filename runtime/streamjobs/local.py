@@ -372,11 +372,12 @@ class LocalRuntime:
 
     # --- live reconfiguration (reconfigure.py) -------------------------------------
 
-    def reconfigure(self, job: StreamJob, request: str | None = None) -> ReconfigureRecord:
+    def reconfigure(self, job: StreamJob, request: str | None = None, restart: bool = False) -> ReconfigureRecord:
         """Change the running job to `job`: live changes at a consistent cut, then parallelism changes as
         rescales; a change that cannot be made raises Refused and nothing is applied. The record of the live
-        part (its version None when only parallelism changed)."""
-        changes, record = self._reconfigurer().apply(job, request)
+        part (its version None when only parallelism changed). `restart`: stop every worker and start them on
+        the new plan instead (the stop-and-restart baseline)."""
+        changes, record = self._reconfigurer().apply(job, request, self if restart else None)
         self.plan = self.jobs.plan()
         self.job = self.plan.job
         for change in changes.rescales:
