@@ -2,23 +2,43 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from collections import Counter
 
 import redis
+import yaml
 from streamjobs_core.layout import JobKeys
 from streamjobs_core.loading import load_job
 
 from .conftest import ROOT, assert_exact, in_a_thread, killer
 
 
-def test_a_new_query_and_where_switch_at_one_cut_through_sigkills_mid_alignment(redis_server, run):
+def test_a_new_query_and_where_switch_at_one_cut_through_sigkills_mid_alignment(redis_server, run, tmp_path):
     """`tag` (a query on its own workers) and `count` (a window) change live while words flow; a `tag` and a
     `count` instance are SIGKILLed while the barriers travel. Every record is processed under the plan in
     force at its source offset by every operator: the oracle replays each one under its version, so a record
-    processed under both plans, or neither, or the wrong one, shows as lost or duplicated."""
+    processed under both plans, or neither, or the wrong one, shows as lost or duplicated. Then `streamjobs
+    reconfigure` asks the running job for a third version, after one it refuses."""
     new = load_job(ROOT / "tests/jobs/reconfigured-v1.yaml")
-    records = []
-    reconfigure = in_a_thread(lambda runtime: records.append(runtime.reconfigure(new)))
+    doc = yaml.safe_load((ROOT / "tests/jobs/reconfigured-v1.yaml").read_text())
+    doc["spec"]["stages"][0]["simulatedCostUs"] = 50
+    third = tmp_path / "v2.yaml"
+    third.write_text(yaml.safe_dump(doc))
+    doc["spec"]["stages"][1]["keyBy"] = "tag"
+    refused = tmp_path / "refused.yaml"
+    refused.write_text(yaml.safe_dump(doc))
+    records, cli = [], []
+
+    def change(runtime) -> None:
+        records.append(runtime.reconfigure(new))
+        for path in (refused, third):
+            cli.append(subprocess.run(
+                [sys.executable, "-m", "streamjobs.cli", "reconfigure", "--job", "reconfigured", "-f", str(path),
+                 "--redis-url", redis_server.url, "--wait", "120"], capture_output=True, text=True, timeout=180))
+
+    reconfigure = in_a_thread(change)
     kills = killer([(12.3, "tag", 0), (12.8, "count", 1)])
 
     def during(runtime, elapsed: float) -> None:
@@ -26,11 +46,15 @@ def test_a_new_query_and_where_switch_at_one_cut_through_sigkills_mid_alignment(
             reconfigure(runtime)
         kills(runtime, elapsed)
 
-    report = run("tests/jobs/reconfigured.yaml", 40, during=during)
+    report = run("tests/jobs/reconfigured.yaml", 55, during=during)
     assert_exact(report)
     assert kills.killed == ["tag/0", "count/1"]
     assert len(records) == 1 and records[0].version == 1, records
-    assert report["reconfigurations"] == [records[0].as_dict()]
+    assert [c.returncode for c in cli] == [2, 0], cli
+    assert "spec.stages[count].keyBy: refused" in cli[0].stdout
+    assert json.loads(cli[1].stdout.splitlines()[-1])["version"] == 2
+    assert [r["version"] for r in report["reconfigurations"]] == [1, 2]
+    assert report["reconfigurations"][0] == records[0].as_dict()
     assert set(records[0].aligned_ms) >= {"tag/0", "tag/1", "count/0", "count/1"}
     tags = Counter(fields[b"tag"] for _, fields in redis.Redis.from_url(redis_server.url).xrange(
         JobKeys("reconfigured").output_stream("tagged")))

@@ -120,3 +120,31 @@ def test_committed_input_progress(store):
     assert int(got[1][0].cursor) == 40 and got[1][0].records is None and got[1][1] is None
     assert got[2] == (None, None)
     assert store.streams("agg", ["stream-a", "stream-b"]) == [(b"5-1", [(0, 3, 700), (4, 11, 650)]), (None, None)]
+
+
+def test_plan_versions_switches_cuts_and_reconfiguration_records(store):
+    from dataclasses import replace
+
+    from streamjobs_core.control import ReconfigureRecord, ReconfigureRequest, ReconfigureState
+
+    plan = control_plan()
+    store.deploy(plan)
+    newer = replace(plan, version=1)
+    state = ReconfigureState(1, 12.5, ("spec.stages[agg].where: live",), "req-1")
+    store.publish_plan(newer, state)
+    assert store.plan() == newer and store.plan_version(0) == plan and store.plan_version(1) == newer
+    assert store.plans() == [plan, newer] and store.reconfigure_state() == state
+    txn = Transaction()
+    store.record_versions(txn, "agg", [0, 3], 1)
+    store.record_cut(txn, "src", 1, {0: 17, 2: 40})
+    store.record_aligned(txn, "agg", 1, 1, 12.5)
+    commit(store, txn)
+    assert store.versions("agg") == {0: 1, 3: 1}
+    assert store.cut(1) == {("src", 0): b"17", ("src", 2): b"40"}
+    assert store.aligned(1) == {"agg/1": 12.5}
+    record = ReconfigureRecord(1, state.changes, "req-1", 0.8, 12.5, {"agg/1": 12.5})
+    store.end_reconfigure(record)
+    assert store.reconfigure_state() is None and store.reconfigure_history() == [record]
+    request = ReconfigureRequest('{"kind": "StreamJob"}', "req-2")
+    store.request_reconfigure(request)
+    assert store.next_reconfigure_request() == request and store.next_reconfigure_request() is None
