@@ -54,6 +54,7 @@ class RescaleState:
     released_at_commit: int = 0  # key groups of finished steps released at a commit, not at their markers
     moved_key_groups: int | None = None  # known once the new assignment is written
     steps: int | None = None
+    owners: tuple[int, ...] | None = None  # the new owner of each key group, when chosen (a rebalance)
 
     def at(self, phase: Phase, **changes) -> RescaleState:
         return replace(self, phase=phase, **changes)
@@ -63,7 +64,8 @@ class RescaleState:
         return {"operator": self.operator, "from": self.from_parallelism, "to": self.to_parallelism,
                 "strategy": self.strategy.value, "epoch": self.epoch, "phase": self.phase.value,
                 "started_at": self.started_at, "released_at_commit": self.released_at_commit,
-                "moved_key_groups": self.moved_key_groups, "steps": self.steps}
+                "moved_key_groups": self.moved_key_groups, "steps": self.steps,
+                "owners": None if self.owners is None else list(self.owners)}
 
     def encode(self) -> str:
         return json.dumps(self.as_dict())
@@ -73,7 +75,7 @@ class RescaleState:
         d = json.loads(raw)
         return cls(d["operator"], int(d["from"]), int(d["to"]), Strategy(d["strategy"]), int(d["epoch"]),
                    Phase(d["phase"]), float(d["started_at"]), int(d.get("released_at_commit") or 0),
-                   d.get("moved_key_groups"), d.get("steps"))
+                   d.get("moved_key_groups"), d.get("steps"), _owners(d.get("owners")))
 
 
 @dataclass(frozen=True)
@@ -127,15 +129,18 @@ class RescaleRequest:
     operator: str
     parallelism: int
     strategy: Strategy | None = None  # None: the spec's rescale.strategy
+    owners: tuple[int, ...] | None = None  # chosen owners (a rebalance); None: the spec's assignment
 
     def encode(self) -> str:
         return json.dumps({"operator": self.operator, "parallelism": self.parallelism,
-                           "strategy": self.strategy.value if self.strategy else None})
+                           "strategy": self.strategy.value if self.strategy else None,
+                           "owners": None if self.owners is None else list(self.owners)})
 
     @classmethod
     def decode(cls, raw: str | bytes) -> RescaleRequest:
         d = json.loads(raw)
-        return cls(d["operator"], int(d["parallelism"]), Strategy(d["strategy"]) if d.get("strategy") else None)
+        return cls(d["operator"], int(d["parallelism"]), Strategy(d["strategy"]) if d.get("strategy") else None,
+                   _owners(d.get("owners")))
 
 
 @dataclass(frozen=True)
@@ -272,6 +277,10 @@ class PartitionProgress:
         """From the values of `field_names`, in order."""
         cursor, *counts = values
         return cls(cursor, *(int(v) if v is not None else None for v in counts))
+
+
+def _owners(listed: list | None) -> tuple[int, ...] | None:
+    return None if listed is None else tuple(int(o) for o in listed)
 
 
 def as_text(value: str | bytes) -> str:

@@ -89,6 +89,8 @@ class JobStore(Protocol):
         """Records produced into and not yet consumed from these key groups' streams, per (upstream, kg)."""
     def committed_watermark(self, upstreams: Iterable[str], op: str, kgs: Iterable[int]) -> int | None:
         """The smallest committed watermark of these key groups' streams; None if one never committed."""
+    def consumed(self, upstreams: Iterable[str], op: str, kgs: Iterable[int]) -> dict[int, int]:
+        """Records consumed so far from these key groups' streams, summed over the upstreams."""
 
     # --- the rescale in progress and its history -------------------------------------
     def rescale_state(self) -> RescaleState | None: ...
@@ -278,6 +280,17 @@ class RedisJobStore:
         return {(upstream, kg): int(p or 0) - int(c or 0)
                 for upstream, produced, consumed in zip(upstreams, counts[::2], counts[1::2])
                 for kg, p, c in zip(kgs, produced, consumed)}
+
+    def consumed(self, upstreams: Iterable[str], op: str, kgs: Iterable[int]) -> dict[int, int]:
+        kgs = list(kgs)
+        pipe = self.r.pipeline(transaction=False)
+        for upstream in upstreams:
+            pipe.hmget(self.keys.consumed(upstream, op), [str(kg) for kg in kgs])
+        out = dict.fromkeys(kgs, 0)
+        for counts in pipe.execute():
+            for kg, n in zip(kgs, counts):
+                out[kg] += int(n or 0)
+        return out
 
     def committed_watermark(self, upstreams: Iterable[str], op: str, kgs: Iterable[int]) -> int | None:
         names = [self.keys.kg_stream(upstream, op, kg) for kg in kgs for upstream in upstreams]
@@ -506,6 +519,7 @@ class MemoryJobStore:
         self.markers: list[tuple[str, str, int, int]] = []  # (upstream, op, kg, target), as placed
         self.lag: dict[tuple[str, str, int], int] = {}  # (upstream, op, kg) -> records: set by a test
         self.watermarks: dict[tuple[str, str, int], int] = {}  # likewise
+        self.delivered: dict[tuple[str, str, int], int] = {}  # (upstream, op, kg) -> records consumed: likewise
         self._rescale: RescaleState | None = None
         self._history: list[RescaleRecord] = []
         self._requests: list[RescaleRequest] = []
@@ -597,6 +611,10 @@ class MemoryJobStore:
     def key_group_lag(self, upstreams: Iterable[str], op: str, kgs: Iterable[int]) -> dict[tuple[str, int], int]:
         kgs = list(kgs)
         return {(u, kg): self.lag.get((u, op, kg), 0) for u in upstreams for kg in kgs}
+
+    def consumed(self, upstreams: Iterable[str], op: str, kgs: Iterable[int]) -> dict[int, int]:
+        upstreams = list(upstreams)
+        return {kg: sum(self.delivered.get((u, op, kg), 0) for u in upstreams) for kg in kgs}
 
     def committed_watermark(self, upstreams: Iterable[str], op: str, kgs: Iterable[int]) -> int | None:
         marks = [self.watermarks.get((u, op, kg)) for kg in kgs for u in upstreams]

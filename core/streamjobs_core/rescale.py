@@ -120,10 +120,12 @@ class RescaleController:
         """Per chain head (a chain is deployed and rescaled as one)."""
         return {op: self._assignment_in_force(op).parallelism for op in self.plan.vertices}
 
-    def rescale(self, op: str, parallelism: int, strategy: Strategy | str | None = None) -> RescaleRecord:
+    def rescale(self, op: str, parallelism: int, strategy: Strategy | str | None = None,
+                owners: tuple[int, ...] | None = None) -> RescaleRecord:
         """Carry a rescale through every phase; return its record (also appended to the history).
 
-        An operator chained into another's workers rescales with its whole chain, named by its head."""
+        An operator chained into another's workers rescales with its whole chain, named by its head.
+        `owners`: the new owner of each key group (a rebalance, rebalance.py), instead of the spec's assignment."""
         try:
             strategy = Strategy.parse(strategy or self.plan.spec.rescale.strategy)
         except ValueError as e:
@@ -134,7 +136,11 @@ class RescaleController:
         if self.current() is not None:
             raise RescaleError(f"a rescale is in progress: {self.current().as_dict()}")
         old = self._assignment_in_force(op)
-        state = RescaleState(op, old.parallelism, parallelism, strategy, old.epoch + 1, Phase.PRESTAGE, time.time())
+        if owners is not None and (len(owners) != len(old.owners) or set(owners) != set(range(parallelism))):
+            raise RescaleError(f"owners of '{op}' must name every one of its {len(old.owners)} key groups and every "
+                               f"instance 0..{parallelism - 1}")
+        state = RescaleState(op, old.parallelism, parallelism, strategy, old.epoch + 1, Phase.PRESTAGE, time.time(),
+                             owners=owners)
         self.store.save_rescale(state)
         try:
             return self._advance(state, self.clock())
@@ -172,7 +178,7 @@ class RescaleController:
         if state.phase == Phase.PRESTAGE:
             if state.strategy == Strategy.ALL_AT_ONCE:
                 self.store.clear_prestage(op)
-                self.store.publish_upcoming(op, self._assignment(op, n, epoch))
+                self.store.publish_upcoming(op, self._assignment(op, n, epoch, state.owners))
                 self.fleet.start_standbys(op, n, epoch)
                 self._wait_standbys(op, n, epoch)
             state = self._save(state.at(Phase.HANDOVER))
@@ -185,7 +191,7 @@ class RescaleController:
             old = self._assignment_in_force(op)
             moved = state.moved_key_groups
             if old.epoch < epoch:  # a resumed HANDOVER may have switched already
-                new = self._assignment(op, n, epoch)
+                new = self._assignment(op, n, epoch, state.owners)
                 self.store.write_assignment(op, new)
                 moved = len(moves(old, new))
             state = self._save(state.at(Phase.RETIRE, moved_key_groups=moved))
@@ -205,7 +211,7 @@ class RescaleController:
             state = self._save(state.at(Phase.HANDOVER))
         step_ms = []
         if state.phase == Phase.HANDOVER:
-            old, new = self._assignment_in_force(op), self._assignment(op, n, epoch)
+            old, new = self._assignment_in_force(op), self._assignment(op, n, epoch, state.owners)
             if old.epoch < epoch:  # a resumed HANDOVER may have switched already
                 size = 1 if state.strategy == Strategy.FLUID else self.plan.spec.rescale.batch_key_groups
                 moved = moves(old, new)
@@ -251,7 +257,9 @@ class RescaleController:
     def _assignment_in_force(self, op: str) -> Assignment:
         return self.store.assignment(op) or self.plan.initial_assignment(op)
 
-    def _assignment(self, op: str, parallelism: int, epoch: int) -> Assignment:
+    def _assignment(self, op: str, parallelism: int, epoch: int, owners: tuple[int, ...] | None = None) -> Assignment:
+        if owners is not None:
+            return Assignment(epoch, owners)
         key_groups = self.plan.key_groups(op)
         if self.plan.spec.rescale.assignment == "consistent_hashing":
             return Assignment.consistent_hashing(parallelism, key_groups, epoch=epoch)

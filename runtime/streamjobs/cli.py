@@ -150,6 +150,44 @@ def _reconfigure(args) -> int:
     return 2 if done[0].refused else 0
 
 
+def _rebalance(args) -> int:
+    import time
+
+    from streamjobs_core.control import RescaleRequest
+    from streamjobs_core.rebalance import balanced, measure
+
+    found = _running_job(args)
+    if found is None:
+        return 1
+    store, plan = found
+    names = [op.name for op in plan.spec.operators]
+    if args.operator not in names:
+        print(f"--operator: no operator '{args.operator}' (operators: {', '.join(names)})", file=sys.stderr)
+        return 2
+    op = plan.head(args.operator)
+    try:
+        load = measure(store, plan, op, args.measure_s)
+    except ValueError as exc:
+        print(f"--operator: {exc}", file=sys.stderr)
+        return 2
+    current = store.assignment(op)
+    balance = balanced(current, load)
+    moved = sum(a != b for a, b in zip(current.owners, balance.owners))
+    print(json.dumps({"operator": op, "records_per_s": round(sum(load), 1), "moves": moved, **balance.as_dict()}))
+    if args.dry_run or not moved:
+        return 0
+    before = len(store.rescale_history())
+    store.request_rescale(RescaleRequest(op, current.parallelism, Strategy(args.strategy), balance.owners))
+    deadline = time.monotonic() + args.wait
+    while not (done := store.rescale_history(before)):
+        if time.monotonic() > deadline:
+            print(f"requested; not done within {args.wait:.0f} s", file=sys.stderr)
+            return 1
+        time.sleep(0.2)
+    print(done[0].encode())
+    return 0
+
+
 def _bench(args) -> int:
     from pathlib import Path
 
@@ -254,6 +292,17 @@ def main(argv: list[str] | None = None) -> int:
     reconfigure.add_argument("--dry-run", action="store_true", help="print what would change and how; apply nothing")
     reconfigure.add_argument("--wait", type=float, default=180.0, help="seconds to wait for the change to finish")
     reconfigure.set_defaults(func=_reconfigure)
+
+    rebalance = sub.add_parser(
+        "rebalance", help="move key groups between an operator's instances by their measured load (same parallelism)")
+    rebalance.add_argument("--job", required=True)
+    rebalance.add_argument("--operator", required=True)
+    rebalance.add_argument("--redis-url", required=True, help="as printed by `streamjobs run`")
+    rebalance.add_argument("--measure-s", type=float, default=10.0, help="seconds over which load is measured")
+    rebalance.add_argument("--strategy", choices=STRATEGIES, default="batched", help="how the key groups move")
+    rebalance.add_argument("--dry-run", action="store_true", help="print the shares before and after; move nothing")
+    rebalance.add_argument("--wait", type=float, default=180.0, help="seconds to wait for the moves to finish")
+    rebalance.set_defaults(func=_rebalance)
 
     bench = sub.add_parser("bench", help="benchmarks measured on this machine")
     bench.add_argument("name", choices=["throughput", "latency", "hop", "autoscale", "rescale", "state", "reconfigure"])

@@ -264,9 +264,11 @@ class LocalRuntime:
 
     # --- rescale: the Fleet of the rescale controller, as processes -----------
 
-    def rescale(self, op: str, parallelism: int, strategy: Strategy | str | None = None) -> RescaleRecord:
-        """Change an operator's parallelism while the job runs; return what it cost (see rescale.py)."""
-        record = self.controller().rescale(op, parallelism, strategy)
+    def rescale(self, op: str, parallelism: int, strategy: Strategy | str | None = None,
+                owners: tuple[int, ...] | None = None) -> RescaleRecord:
+        """Change an operator's parallelism (or with `owners`, who owns which key group) while the job runs;
+        return what it cost (see rescale.py)."""
+        record = self.controller().rescale(op, parallelism, strategy, owners)
         self.parallelism[record.operator] = parallelism  # the chain's head, when `op` is chained
         return record
 
@@ -357,7 +359,7 @@ class LocalRuntime:
         reconfigure` (through the job store)."""
         done: list[RescaleRecord | ReconfigureRecord] = []
         while (request := self.jobs.next_rescale_request()) is not None:
-            done.append(self.rescale(request.operator, request.parallelism, request.strategy))
+            done.append(self.rescale(request.operator, request.parallelism, request.strategy, request.owners))
         while (asked := self.jobs.next_reconfigure_request()) is not None:
             job = StreamJob.model_validate_json(asked.job)
             try:

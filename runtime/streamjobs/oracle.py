@@ -52,10 +52,13 @@ def source_input(r: redis.Redis, plan: JobPlan, op: str):
     return generators.generate(spec, plan.t0_ms, indices)
 
 
-def external_input(r: redis.Redis, plan: JobPlan, op: str) -> pa.Table:
+def external_input(r: redis.Redis, plan: JobPlan, op: str, cuts: list[dict] | None = None) -> pa.Table:
     """The records a redis_stream source committed: each partition's entries up to its committed cursor,
     decoded as the source decodes them (so the records it dead-lettered drop out the same way), less the
-    records it shed. Unverifiable when the source's retention trimmed entries that the run consumed."""
+    records it shed. Unverifiable when the source's retention trimmed entries that the run consumed.
+
+    With `cuts` (per plan version from 1 on, the entry id each partition switched at), each record also says
+    the plan version in force at its entry (`_v`)."""
     spec = plan.spec.operator(op)
     keys = plan.keys
     committed = RedisJobStore(r, plan.name).partitions(op, range(spec.partitions))
@@ -80,6 +83,8 @@ def external_input(r: redis.Redis, plan: JobPlan, op: str) -> pa.Table:
         if decoded.table is None:
             continue
         table = decoded.table
+        if cuts is not None:
+            table = table.append_column("_v", pa.array(_versions_of([ids[i] for i in decoded.entry], p, op, cuts)))
         if shed:
             rows = range(table.num_rows)
             names = [external.record_id(ids[decoded.entry[i]], None if decoded.row is None else int(decoded.row[i]))
@@ -88,9 +93,25 @@ def external_input(r: redis.Redis, plan: JobPlan, op: str) -> pa.Table:
         tables.append(table)
     if not tables:
         schema = ddl.parse(spec.schema_) if spec.schema_ else pa.schema([])
+        versions = {} if cuts is None else {"_v": pa.array([], pa.int64())}
         return pa.table({**{f.name: pa.array([], f.type) for f in schema},
-                         "event_time": pa.array([], pa.int64()), "_ingest_ms": pa.array([], pa.int64())})
+                         "event_time": pa.array([], pa.int64()), "_ingest_ms": pa.array([], pa.int64()), **versions})
     return pa.concat_tables(tables, promote_options="default")  # schemaless streams may differ in fields
+
+
+def _versions_of(ids: list[bytes], partition: int, op: str, cuts: list[dict]) -> list[int]:
+    """Per entry id: how many of the cuts (entry ids a partition switched at, by version) it comes after."""
+    bounds = []
+    for version, cut in enumerate(cuts, start=1):
+        if (op, partition) not in cut:
+            raise Unverifiable(f"{op}: partition {partition} never switched to plan version {version}")
+        bounds.append(_id_key(cut[(op, partition)]))
+    return [sum(_id_key(i) > bound for bound in bounds) for i in ids]
+
+
+def _id_key(entry_id: bytes | str) -> tuple[int, int]:
+    ms, _, seq = (entry_id.decode() if isinstance(entry_id, bytes) else entry_id).partition("-")
+    return int(ms), int(seq or 0)
 
 
 def _entries_up_to(r: redis.Redis, key: str, last: bytes, chunk: int = 10_000) -> list:
@@ -271,12 +292,11 @@ def _where_per_version(frame: DataFrame, specs: list, versioned: bool) -> DataFr
 
 
 def _versioned_source(r: redis.Redis, plans: list[JobPlan], op: str, cuts: dict[int, dict]) -> pa.Table:
-    """A generator source's committed records, each with the plan version in force at its offset."""
+    """A source's committed records, each with the plan version in force at its offset."""
     plan = plans[-1]
     spec = plan.spec.operator(op)
     if spec.type == "redis_stream":
-        raise Unverifiable(f"{op}: per-version replay of an external stream is not built; the run's output was "
-                           "not checked")
+        return external_input(r, plan, op, [cuts[v] for v in range(1, len(plans))])
     count = plan.key_groups(op)
     committed = RedisJobStore(r, plan.name).partitions(op, range(count))
     shed = shed_indices(r, plan, op) if spec.load_shedding is not None else None

@@ -187,3 +187,13 @@ def test_the_sources_are_asked_to_switch_only_once_every_running_instance_prepar
     ReconfigureController(store, sleep=sleep).apply(job("reconfigured-v1.yaml"))
     n = len(plan.vertices)
     assert seen == [(False, i) for i in range(n)] + [(True, n)]
+
+
+def test_an_external_record_takes_the_version_of_the_last_cut_its_entry_follows():
+    from streamjobs.oracle import Unverifiable, _versions_of
+
+    cuts = [{("in", 0): b"1700-3"}, {("in", 0): b"1800-0"}]
+    ids = [b"1699-9", b"1700-3", b"1700-4", b"1800-0", b"1800-1", b"2000-0"]
+    assert _versions_of(ids, 0, "in", cuts) == [0, 0, 1, 1, 2, 2]
+    with pytest.raises(Unverifiable, match="partition 1 never switched to plan version 1"):
+        _versions_of(ids, 1, "in", cuts)

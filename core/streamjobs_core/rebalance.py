@@ -1,0 +1,82 @@
+"""A skew-aware rebalance: key groups move between an operator's instances by their measured load, not count.
+
+Ranges (and consistent hashing) give every instance as many key groups, but a
+skewed key space (Zipf words, hot auctions) puts more records in some key
+groups than in others, and an instance that owns the hot ones is the job's
+bottleneck while the others idle. The load of a key group is the records its
+streams delivered over a measuring window (the `consumed` counters the workers
+commit), which with a per-record cost is what keeps its owner busy.
+
+`balanced` starts from the current owners and repeatedly moves, from the most
+loaded instance to the least loaded, the largest key group that narrows their
+gap: few key groups move (each move is a handover), and a key group hotter
+than a fair share stays where it is, alone if need be. The move itself is a
+rescale to the same parallelism with these owners (rescale.py), batched by
+default: key groups change owner at in-band markers while everything runs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .jobstore import JobStore
+from .keygroups import Assignment
+from .plan import JobPlan
+
+
+@dataclass(frozen=True)
+class Balance:
+    """Per instance, its share of the measured load now and with the proposed owners."""
+
+    owners: tuple[int, ...]
+    load: tuple[float, ...]  # per key group, records per second
+    before: tuple[float, ...]  # per instance, share of the load
+    after: tuple[float, ...]
+
+    def as_dict(self) -> dict:
+        return {"busiest_share_before": max(self.before), "busiest_share_after": max(self.after),
+                "shares_before": list(self.before), "shares_after": list(self.after)}
+
+
+def measure(store: JobStore, plan: JobPlan, op: str, window_s: float,
+            sleep: Callable[[float], None] = time.sleep) -> tuple[float, ...]:
+    """Records per second delivered to each key group of `op` over `window_s`, summed over its inputs."""
+    if not plan.edges_in(op):
+        raise ValueError(f"'{op}' reads no streams: a source's partitions are not rebalanced by load")
+    upstreams = [e.upstream for e in plan.edges_in(op)]
+    kgs = range(plan.key_groups(op))
+    first, started = store.consumed(upstreams, op, kgs), time.monotonic()
+    sleep(window_s)
+    last, elapsed = store.consumed(upstreams, op, kgs), max(1e-6, time.monotonic() - started)
+    return tuple((last[kg] - first[kg]) / elapsed for kg in kgs)
+
+
+def balanced(current: Assignment, load: tuple[float, ...], max_moves: int | None = None) -> Balance:
+    """Owners with the busiest instance's load as low as moving whole key groups gets it (see the module)."""
+    owners = list(current.owners)
+    n = current.parallelism
+    totals = [0.0] * n
+    for kg, records in enumerate(load):
+        totals[owners[kg]] += records
+    before = _shares(totals)
+    limit = len(owners) if max_moves is None else max_moves
+    for _ in range(limit):
+        busiest = max(range(n), key=totals.__getitem__)
+        idlest = min(range(n), key=totals.__getitem__)
+        gap = totals[busiest] - totals[idlest]
+        # A key group narrows the gap if it carries less than all of it; the largest such one narrows it most.
+        fits = [kg for kg, owner in enumerate(owners) if owner == busiest and 0 < load[kg] < gap]
+        if not fits:
+            break
+        kg = max(fits, key=lambda k: load[k])
+        owners[kg] = idlest
+        totals[busiest] -= load[kg]
+        totals[idlest] += load[kg]
+    return Balance(tuple(owners), tuple(load), before, _shares(totals))
+
+
+def _shares(totals: list[float]) -> tuple[float, ...]:
+    whole = sum(totals)
+    return tuple(round(t / whole, 4) if whole else 0.0 for t in totals)
