@@ -162,24 +162,21 @@ class ReconfigureRequest:
 
 @dataclass(frozen=True)
 class ReconfigureState:
-    """The live reconfiguration in progress: plan `version` published, the instances preparing it (their new
-    stages built and rehearsed), then, once `switch`, the sources switching and the barriers on their way."""
+    """The live reconfiguration in progress: plan `version` published, its barriers on their way."""
 
     version: int
     started_at: float  # wall clock
     changes: tuple[str, ...]  # what changes live, as `reconfigure.Change.describe` says it
     request: str | None = None
-    switch: bool = False
 
     def encode(self) -> str:
         return json.dumps({"version": self.version, "started_at": self.started_at, "changes": list(self.changes),
-                           "request": self.request, "switch": self.switch})
+                           "request": self.request})
 
     @classmethod
     def decode(cls, raw: str | bytes) -> ReconfigureState:
         d = json.loads(raw)
-        return cls(int(d["version"]), float(d["started_at"]), tuple(d["changes"]), d.get("request"),
-                   bool(d.get("switch")))
+        return cls(int(d["version"]), float(d["started_at"]), tuple(d["changes"]), d.get("request"))
 
 
 @dataclass(frozen=True)

@@ -122,9 +122,6 @@ class JobStore(Protocol):
     def record_aligned(self, commit: Commit, op: str, instance: int, version: int, ms: float) -> None: ...
     def aligned(self, version: int) -> dict[str, float]: ...
     def reconfigure_state(self) -> ReconfigureState | None: ...
-    def save_reconfigure(self, state: ReconfigureState) -> None: ...
-    def report_prepared(self, op: str, instance: int, version: int) -> None: ...
-    def prepared(self, version: int) -> set[tuple[str, int]]: ...
     def end_reconfigure(self, record: ReconfigureRecord) -> None:
         """Append to the history and clear the reconfiguration in progress, at once."""
     def reconfigure_history(self, start: int = 0) -> list[ReconfigureRecord]: ...
@@ -383,16 +380,6 @@ class RedisJobStore:
         raw = self.r.get(self.keys.reconfigure_current)
         return ReconfigureState.decode(raw) if raw is not None else None
 
-    def save_reconfigure(self, state: ReconfigureState) -> None:
-        self.r.set(self.keys.reconfigure_current, state.encode())
-
-    def report_prepared(self, op: str, instance: int, version: int) -> None:
-        self.r.sadd(self.keys.prepared(version), f"{op}/{instance}")
-
-    def prepared(self, version: int) -> set[tuple[str, int]]:
-        fields = (as_text(m).rpartition("/") for m in self.r.smembers(self.keys.prepared(version)))
-        return {(op, int(i)) for op, _, i in fields}
-
     def end_reconfigure(self, record: ReconfigureRecord) -> None:
         pipe = self.r.pipeline()
         pipe.rpush(self.keys.reconfigure_history, record.encode())
@@ -536,7 +523,6 @@ class MemoryJobStore:
         self._versions: dict[str, dict[int, int]] = {}
         self._cuts: dict[int, dict[tuple[str, int], bytes]] = {}
         self._aligned: dict[int, dict[str, float]] = {}
-        self._prepared: dict[int, set[tuple[str, int]]] = {}
         self._reconfiguring: ReconfigureState | None = None
         self._reconfigured: list[ReconfigureRecord] = []
         self._reconfigure_requests: list[ReconfigureRequest] = []
@@ -682,15 +668,6 @@ class MemoryJobStore:
 
     def reconfigure_state(self) -> ReconfigureState | None:
         return self._reconfiguring
-
-    def save_reconfigure(self, state: ReconfigureState) -> None:
-        self._reconfiguring = state
-
-    def report_prepared(self, op: str, instance: int, version: int) -> None:
-        self._prepared.setdefault(version, set()).add((op, instance))
-
-    def prepared(self, version: int) -> set[tuple[str, int]]:
-        return set(self._prepared.get(version, set()))
 
     def end_reconfigure(self, record: ReconfigureRecord) -> None:
         self._reconfigured.append(record)

@@ -130,10 +130,6 @@ class JobKeys:
         before it were processed under the version before, everywhere downstream)."""
         return f"{self.prefix}:cut:{version}"
 
-    def prepared(self, version: int) -> str:
-        """The `<op>/<instance>`s that built and rehearsed plan `version` (the sources switch after them)."""
-        return f"{self.prefix}:prepared:{version}"
-
     def aligned(self, version: int) -> str:
         """Per `<op>/<instance>`: how long the instance held its input back aligning its barriers (ms)."""
         return f"{self.prefix}:aligned:{version}"

@@ -9,8 +9,9 @@ commit), which with a per-record cost is what keeps its owner busy.
 
 `balanced` starts from the current owners and repeatedly moves, from the most
 loaded instance to the least loaded, the largest key group that narrows their
-gap: few key groups move (each move is a handover), and a key group hotter
-than a fair share stays where it is, alone if need be. The move itself is a
+gap: few key groups move (each move is a handover; one with under 1% of the
+load is not worth one), and a key group hotter than a fair share stays where
+it is, alone if need be. The move itself is a
 rescale to the same parallelism with these owners (rescale.py), batched by
 default: key groups change owner at in-band markers while everything runs.
 """
@@ -24,6 +25,8 @@ from dataclasses import dataclass
 from .jobstore import JobStore
 from .keygroups import Assignment
 from .plan import JobPlan
+
+_WORTH_MOVING = 0.01  # of the whole load: lighter key groups stay put
 
 
 @dataclass(frozen=True)
@@ -62,12 +65,13 @@ def balanced(current: Assignment, load: tuple[float, ...], max_moves: int | None
         totals[owners[kg]] += records
     before = _shares(totals)
     limit = len(owners) if max_moves is None else max_moves
+    worth = _WORTH_MOVING * sum(load)  # a handover for less is not worth its pause
     for _ in range(limit):
         busiest = max(range(n), key=totals.__getitem__)
         idlest = min(range(n), key=totals.__getitem__)
         gap = totals[busiest] - totals[idlest]
         # A key group narrows the gap if it carries less than all of it; the largest such one narrows it most.
-        fits = [kg for kg, owner in enumerate(owners) if owner == busiest and 0 < load[kg] < gap]
+        fits = [kg for kg, owner in enumerate(owners) if owner == busiest and worth <= load[kg] < gap]
         if not fits:
             break
         kg = max(fits, key=lambda k: load[k])

@@ -9,11 +9,8 @@ change is refused with the field named, never applied with the state dropped.
 Parallelism is a rescale (rescale.py), done after the live part.
 
 How it happens (Chi's control events, carried like Flink's checkpoint
-barriers): the controller publishes plan version v; every instance prepares
-it (builds the changed stages and rehearses them on a sample, off its batch
-loop, so the switch does not pay Spark's planning and code generation for a
-new query, as Rhino prestages state before a handover); then the controller
-asks the sources to switch. Each source instance switches at its next commit: the offsets of that
+barriers): the controller publishes plan version v and asks the sources to
+switch. Each source instance switches at its next commit: the offsets of that
 commit are the cut, recorded per partition, and it writes a barrier (codec.py)
 into every stream it feeds, in the same commit. A downstream instance keeps
 reading, but holds back what its producers wrote after their barriers until
@@ -30,7 +27,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from enum import StrEnum
 
 from .control import ReconfigureRecord, ReconfigureState
@@ -184,9 +181,8 @@ class ReconfigureController:
     """
 
     def __init__(self, store: JobStore, timeout_s: float = 180.0, sleep: Callable[[float], None] = time.sleep,
-                 clock: Callable[[], float] = time.monotonic, prepare_timeout_s: float = 60.0) -> None:
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._store = store
-        self._prepare_timeout_s = prepare_timeout_s
         self._timeout_s = timeout_s
         self._sleep = sleep
         self._clock = clock
@@ -206,8 +202,7 @@ class ReconfigureController:
         if not changes.live:
             return changes, None
         version = running.version + 1
-        state = ReconfigureState(version, time.time(), tuple(c.describe() for c in changes.live), request,
-                                 switch=restart is not None)
+        state = ReconfigureState(version, time.time(), tuple(c.describe() for c in changes.live), request)
         if restart is not None:
             parallelism = {op: self._store.assignment(op).parallelism for op in running.vertices}
             restart.stop_job()
@@ -223,10 +218,6 @@ class ReconfigureController:
 
     def _await(self, state: ReconfigureState) -> ReconfigureRecord:
         plan = self._store.plan_version(state.version)
-        if not state.switch:
-            self._await_prepared(state.version)
-            state = replace(state, switch=True)
-            self._store.save_reconfigure(state)
         deadline = self._clock() + self._timeout_s
         while waiting := self.waiting(plan):
             if self._clock() > deadline:
@@ -239,13 +230,6 @@ class ReconfigureController:
                                    aligned)
         self._store.end_reconfigure(record)
         return record
-
-    def _await_prepared(self, version: int) -> None:
-        """Until every running instance prepared `version`, for `prepare_timeout_s` at most: one that does not
-        (dead, restarting) switches all the same, only paying the new stages' warm-up at the switch."""
-        deadline = self._clock() + self._prepare_timeout_s
-        while set(self._store.registered()) - self._store.prepared(version) and self._clock() < deadline:
-            self._sleep(0.1)
 
     def waiting(self, plan: JobPlan) -> dict[str, int]:
         """Per chain head: how many of its key groups (source partitions) have not switched to `plan` yet."""

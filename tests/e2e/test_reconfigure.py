@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from collections import Counter
 
 import redis
@@ -59,3 +60,33 @@ def test_a_new_query_and_where_switch_at_one_cut_through_sigkills_mid_alignment(
     tags = Counter(fields[b"tag"] for _, fields in redis.Redis.from_url(redis_server.url).xrange(
         JobKeys("reconfigured").output_stream("tagged")))
     assert tags[b"v0"] > 1000 and tags[b"v1"] > 1000, tags
+
+
+def test_a_rebalance_by_load_unloads_the_instance_holding_the_hot_key_groups_exactly(redis_server, run):
+    """The hottest key groups all start on count/0; `streamjobs rebalance` measures each key group's load and
+    moves some of them, batched, while words flow: count/0's busy share drops, and the output stays exact."""
+    from streamjobs.bench.reconfigure import busy_shares, hot_first
+
+    shares, cli = [], []
+
+    def rebalance(runtime) -> None:
+        shares.append(busy_shares(runtime.jobs, "count", 6))
+        cli.append(subprocess.run(
+            [sys.executable, "-m", "streamjobs.cli", "rebalance", "--job", "skewed", "--operator", "count",
+             "--measure-s", "5", "--redis-url", redis_server.url, "--wait", "120"],
+            capture_output=True, text=True, timeout=180))
+        time.sleep(4)
+        shares.append(busy_shares(runtime.jobs, "count", 6))
+        runtime.request_stop()
+
+    start = in_a_thread(rebalance)
+    report = run("tests/jobs/skewed.yaml", None, during=lambda runtime, elapsed: elapsed > 12 and start(runtime),
+                 prepare=hot_first())
+    assert_exact(report)
+    assert cli[0].returncode == 0, cli[0].stderr
+    planned, record = (json.loads(line) for line in cli[0].stdout.splitlines()[-2:])
+    assert planned["busiest_share_before"] > planned["busiest_share_after"] and planned["moves"] > 0
+    assert record["strategy"] == "batched" and record["from"] == record["to"] == 4
+    before, after = shares
+    assert max(before, key=before.get) == 0
+    assert after[0] < 0.85 * before[0], shares

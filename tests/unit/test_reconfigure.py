@@ -165,30 +165,6 @@ def test_a_barrier_round_trips_with_its_producers_key_groups():
     assert (entry.barrier, entry.runs, entry.records, entry.marker) == (3, ((0, 5), (9, 9)), 0, None)
 
 
-def test_the_sources_are_asked_to_switch_only_once_every_running_instance_prepared():
-    from streamjobs_core.control import InstanceAddress
-
-    store = MemoryJobStore()
-    plan = deployed(store)
-    for op in plan.vertices:
-        store.register(InstanceAddress(op, 0, "h:1"))
-    seen: list[tuple[bool, int]] = []
-
-    def sleep(_: float) -> None:
-        state = store.reconfigure_state()
-        seen.append((state.switch, len(store.prepared(1))))
-        if not state.switch:  # one instance prepares per tick
-            op = next(op for op in plan.vertices if (op, 0) not in store.prepared(1))
-            store.report_prepared(op, 0, 1)
-        else:
-            for op in plan.vertices:
-                store.record_versions(None, op, range(plan.key_groups(op)), 1)
-
-    ReconfigureController(store, sleep=sleep).apply(job("reconfigured-v1.yaml"))
-    n = len(plan.vertices)
-    assert seen == [(False, i) for i in range(n)] + [(True, n)]
-
-
 def test_an_external_record_takes_the_version_of_the_last_cut_its_entry_follows():
     from streamjobs.oracle import Unverifiable, _versions_of
 

@@ -73,11 +73,9 @@ def _generated(plan: JobPlan, source: str, batch: InputBatch) -> None:
     batch.records += SAMPLE_RECORDS
 
 
-def rehearse(r, plan: JobPlan, op: str, session=None) -> int:
+def rehearse(r, plan: JobPlan, op: str) -> int:
     """Run the instance's chain once on a sample of its input, every window fired, so each of its stages runs
-    its own query; the records rehearsed (0 when there was nothing to rehearse on). `session`: another
-    session of the worker's Spark (its own temporary views), to rehearse beside the running batches: the
-    code Spark generates is shared by the whole JVM."""
+    its own query; the records rehearsed (0 when there was nothing to rehearse on)."""
     chain = plan.chain(op)
     stages = [plan.spec.operator(m) for m in chain.operators if plan.spec.operator(m) in plan.spec.stages]
     if not stages:
@@ -95,8 +93,6 @@ def rehearse(r, plan: JobPlan, op: str, session=None) -> int:
     try:
         for spec in stages:
             stage = make_stage(spec, scratch, plan.spec.max_parallelism, r)
-            if session is not None:
-                stage.spark = session
             stage.restore()
             output, _ = stage.process(batch, MAX_WATERMARK)
             if output is None or not output.num_rows:

@@ -49,7 +49,7 @@ class SourceInput:
         if started - self._last_control >= _CONTROL_EVERY_S:
             self._stop_requested = self._jobs.stop_requested()
             reconfiguring = self._jobs.reconfigure_state()
-            if reconfiguring is not None and reconfiguring.switch:
+            if reconfiguring is not None:
                 self._asked_version = reconfiguring.version
             self._last_control = started
         if isinstance(self.source, RedisInputSource):

@@ -31,7 +31,7 @@ from streamjobs_core.reconfigure import plan_in_force
 from streamjobs_core.spec import STATEFUL_TYPES
 from streamjobs_core.watermarks import MAX_WATERMARK, MIN_WATERMARK
 
-from . import phases, recovery, spark
+from . import phases, recovery
 from .chain import OperatorChain, dead_letter
 from .inputs import Input, InputBatch, StreamInput
 from .metrics import WorkerMetrics
@@ -49,7 +49,6 @@ log = logging.getLogger(__name__)
 _LAG_EVERY_S = 1.0
 _MAX_ENTRIES_PER_STREAM = 4096
 _BACKPRESSURE_PAUSE_S = 0.05
-_PREPARE_POLL_S = 0.2
 
 
 class NotAChainHead(ValueError):
@@ -109,8 +108,6 @@ class Worker:
         self._last_backpressure_check = 0.0
         self._edge_lag = 0  # the largest produced - consumed over the output edges, last read
         self._written_since_check = 0
-        self._preparing: int | None = None  # the plan version being (or done) rehearsed
-        self._last_prepare_poll = 0.0
 
     # --- lifecycle -----------------------------------------------------------
 
@@ -151,7 +148,6 @@ class Worker:
             self.metrics.idle_seconds.inc(waited)
         else:
             self.metrics.idle_seconds.inc(read_s)
-        self._prepare()
         releases = self._handovers()
         switch_to = self.input.aligned()
         due = self.pacing.due(batch, bool(releases) or switch_to is not None, time.monotonic())
@@ -225,26 +221,6 @@ class Worker:
         self.input.switch(version)
         txn.after_commit.append(lambda: log.info("%s/%d switched to plan version %d (input held back %.0f ms)",
                                                  self.op, self.instance, version, held_ms))
-
-    def _prepare(self) -> None:
-        """When a reconfiguration publishes a plan version: rehearse its changed stages beside the batch loop,
-        then tell the controller, which lets the sources switch once every instance did."""
-        now = time.monotonic()
-        if now - self._last_prepare_poll < _PREPARE_POLL_S:
-            return
-        self._last_prepare_poll = now
-        state = self.jobs.reconfigure_state()
-        if state is None or state.version <= self.input.version or state.version == self._preparing:
-            return
-        self._preparing = state.version
-        threading.Thread(target=self._rehearse, args=(self.jobs.plan_version(state.version),), daemon=True,
-                         name=f"prepare-v{state.version}").start()
-
-    def _rehearse(self, plan: JobPlan) -> None:
-        members = self.chain.chain.operators
-        if any(plan.spec.operator(m) != self.plan.spec.operator(m) for m in members) and plan.runs_spark(self.op):
-            rehearse(self.r, plan, self.op, session=spark.session().newSession())
-        self.jobs.report_prepared(self.op, self.instance, plan.version)
 
     def _post(self, post: InputBatch) -> InputBatch:
         """What producers wrote after their barriers, with the watermarks they wrote with it."""
