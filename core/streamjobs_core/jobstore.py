@@ -145,6 +145,9 @@ class JobStore(Protocol):
     def registered(self) -> dict[tuple[str, int], str]: ...
     def request_stop(self) -> None: ...
     def stop_requested(self) -> bool: ...
+    def forget_processes(self, ops: Iterable[str]) -> None:
+        """What the processes of an earlier run said of themselves (endpoints, warm spares): a run that goes on
+        after they died starts new ones."""
 
     # --- committed input progress ----------------------------------------------------------
     def record_partitions(self, commit: Commit, op: str, progress: dict[int, PartitionProgress],
@@ -450,6 +453,9 @@ class RedisJobStore:
     def stop_requested(self) -> bool:
         return self.r.hget(self.keys.control, "stop") is not None
 
+    def forget_processes(self, ops: Iterable[str]) -> None:
+        self.r.delete(self.keys.metrics_endpoints, *(self.keys.spares(op) for op in ops))
+
     # --- committed input progress ----------------------------------------------------------
     def record_partitions(self, commit: Commit, op: str, progress: dict[int, PartitionProgress],
                           watermarks: dict[int, int] | None = None) -> None:
@@ -729,6 +735,11 @@ class MemoryJobStore:
 
     def stop_requested(self) -> bool:
         return self._stop
+
+    def forget_processes(self, ops: Iterable[str]) -> None:
+        self._registered.clear()
+        for op in ops:
+            self._spares.pop(op, None)
 
     def record_partitions(self, commit: Commit | None, op: str, progress: dict[int, PartitionProgress],
                           watermarks: dict[int, int] | None = None) -> None:

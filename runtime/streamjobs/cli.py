@@ -36,8 +36,20 @@ def _run(args) -> int:
         for field, message in exc.errors:
             print(f"{args.file}: {field}: {message}", file=sys.stderr)
         return 2
+    from streamjobs_core.reconfigure import Refused
+
+    from .local import PreviousRun
+
     stop_on_terminal_signals()
-    result = run_job(job, args.duration, args.redis_url, args.report, verify=not args.no_verify)
+    try:
+        result = run_job(job, args.duration, args.redis_url, args.report, verify=not args.no_verify,
+                         fresh=args.fresh or args.redis_url is None)
+    except PreviousRun as exc:
+        print(f"--redis-url: {exc}", file=sys.stderr)
+        return 2
+    except Refused as exc:
+        print(f"{args.file}: the run in {args.redis_url} cannot go on with this spec: {exc}", file=sys.stderr)
+        return 2
     verification = result.get("verification") or {}
     return 1 if verification.get("correct") is False else 0
 
@@ -57,6 +69,7 @@ def _running_job(args):
 
 def _status(args) -> int:
     from streamjobs_autoscaler.ports import RedisDecisionLog
+    from streamjobs_core.reconfigure import ReconfigureController
     from streamjobs_core.rescale import progress
 
     found = _running_job(args)
@@ -73,8 +86,13 @@ def _status(args) -> int:
     pending = [vars(request) for request in store.rescale_requests()]
     history = [record.as_dict() for record in store.rescale_history()]
     decisions = RedisDecisionLog(store.r, store.keys.autoscaler_decisions, 0).entries()[-5:]
-    print(json.dumps({"job": args.job, "operators": out, "rescale_in_progress": progress(store),
-                      "rescales_pending": pending, "rescales": history,
+    reconfiguring = store.reconfigure_state()
+    print(json.dumps({"job": args.job, "plan_version": plan.version, "operators": out,
+                      "rescale_in_progress": progress(store), "rescales_pending": pending, "rescales": history,
+                      "reconfiguration_in_progress": None if reconfiguring is None else
+                      {"version": reconfiguring.version, "changes": list(reconfiguring.changes),
+                       "waiting": ReconfigureController(store).waiting(plan)},
+                      "reconfigurations": [record.as_dict() for record in store.reconfigure_history()],
                       "autoscaler": {"policy": plan.spec.autoscaler.policy, "last_decisions": decisions}}, indent=2))
     return 0
 
@@ -265,7 +283,11 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("file")
     run.add_argument("--duration", type=float, default=None, help="seconds before the sources stop")
     run.add_argument("--report", default=None, help="write the JSON report here")
-    run.add_argument("--redis-url", default=None, help="use this Redis instead of starting one")
+    run.add_argument("--redis-url", default=None,
+                     help="use this Redis instead of starting one; a run of the job it holds goes on from its last "
+                          "commits")
+    run.add_argument("--fresh", action="store_true",
+                     help="with --redis-url: delete what a run of the job left there and start anew")
     run.add_argument("--no-verify", action="store_true", help="skip the oracle check")
     run.set_defaults(func=_run)
 

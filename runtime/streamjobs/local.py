@@ -32,7 +32,7 @@ from streamjobs_core.control import (
 )
 from streamjobs_core.jobstore import RedisJobStore
 from streamjobs_core.plan import JobPlan
-from streamjobs_core.reconfigure import ReconfigureController, Refused
+from streamjobs_core.reconfigure import ReconfigureController, Refused, diff
 from streamjobs_core.rescale import RescaleController
 from streamjobs_core.spec import StreamJob
 from streamjobs_worker.parent import parent_env
@@ -68,6 +68,10 @@ def _can_raise_priority() -> bool:
 def _full_priority(pid: int) -> None:
     # The process group: the spare, its JVM and every thread of both.
     os.setpriority(os.PRIO_PGRP, pid, 0)
+
+
+class PreviousRun(RuntimeError):
+    """The job's earlier run in this Redis cannot go on; the message says why and what to do."""
 
 
 @dataclass
@@ -110,8 +114,13 @@ class LocalRuntime:
 
     # --- start -----------------------------------------------------------------
 
-    def start(self, ready_timeout_s: float = 120.0, prepare=None) -> None:
-        """Deploy and start the job; `prepare(r, plan)` runs before any worker (benchmarks seed state)."""
+    def start(self, ready_timeout_s: float = 120.0, prepare=None, fresh: bool = True) -> bool:
+        """Deploy and start the job; `prepare(r, plan)` runs before any worker (benchmarks seed state). Unless
+        `fresh`, a run of the job found in Redis goes on from its last commits instead (see `_resume`).
+        Returns whether it resumed."""
+        if not fresh and self.jobs.plan() is not None:
+            self._resume(ready_timeout_s)
+            return True
         self.jobs.clear(keep_input=True)  # producers may have written the input before this run started
         self.plan = JobPlan(self.job, int(time.time() * 1000))
         self.jobs.deploy(self.plan)
@@ -120,6 +129,33 @@ class LocalRuntime:
         if prepare is not None:
             prepare(self.r, self.plan)
         self._start_all(ready_timeout_s, before_sources=self._restamp, with_spares=True)
+        return False
+
+    def _resume(self, ready_timeout_s: float) -> None:
+        """Go on with the run of this job that Redis holds: its plan, parallelism, state, offsets and event-time
+        origin as its last commits left them (a run that died: the `streamjobs run` process, the machine). A
+        spec that differs is then applied as a reconfiguration; one it cannot take is refused before anything
+        starts. A run that was stopped has drained (every window fired, the end-of-stream watermark sent): it
+        ended, and cannot go on."""
+        running = self.jobs.plan()
+        name = running.name
+        if self.jobs.deployed_by() is not None:
+            raise PreviousRun(f"job '{name}' in {self.redis_url} belongs to a StreamJob resource (the operator "
+                              "runs it); use another Redis, or --fresh to delete it and start anew")
+        if self.jobs.stop_requested():
+            raise PreviousRun(f"job '{name}' in {self.redis_url} was stopped and drained: it ended. --fresh "
+                              "starts it anew from nothing (its state, offsets and outputs are deleted)")
+        changes = diff(running.job, self.job)
+        if changes.refused:
+            raise Refused(changes.refused)
+        wanted, self.job, self.plan = self.job, running.job, running
+        self.jobs.forget_processes(running.vertices)
+        self.parallelism = {op: (self.jobs.assignment(op) or running.initial_assignment(op)).parallelism
+                            for op in running.vertices}
+        self._start_all(ready_timeout_s, with_spares=True)  # event time goes on from the first run's origin
+        self.resume_reconfigure()
+        if changes.changes:
+            self.reconfigure(wanted)
 
     def _restamp(self) -> None:
         self.plan = self.jobs.restamp(int(time.time() * 1000))

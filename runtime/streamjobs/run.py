@@ -36,12 +36,14 @@ def run_job(
     log_dir: str | None = None,
     during=None,
     prepare=None,
+    fresh: bool = True,
 ) -> dict:
     """Run until duration (or Ctrl-C, or bounded sources finish), drain, verify, report.
 
     The duration counts from the moment every worker is up. `during(runtime, elapsed_s)`
     is called about every 0.5 s while the job runs (chaos in tests); `prepare(r, plan)` before
-    any worker starts.
+    any worker starts. Unless `fresh`, a run of the job that `redis_url` holds goes on from its
+    last commits (LocalRuntime.start).
     """
     console = console or Console()
     with contextlib.ExitStack() as stack:
@@ -51,7 +53,8 @@ def run_job(
         runtime = LocalRuntime(job, redis_url, logs)
         stack.callback(runtime.shutdown)
         console.print(f"starting {job.metadata.name} on {redis_url}: workers log to {logs}")
-        runtime.start(prepare=prepare)
+        if runtime.start(prepare=prepare, fresh=fresh):
+            console.print(f"resumed {job.metadata.name} from its last commits in {redis_url}")
         started = time.monotonic()
         started_ms = int(time.time() * 1000)
         view = LiveView(runtime.r, runtime.plan, runtime.parallelism)

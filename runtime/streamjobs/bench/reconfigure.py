@@ -135,7 +135,7 @@ def measure(restart: bool, steady_s: float, console: Console) -> dict:
     }
 
 
-SKEWED_RATE, SKEWED_COST_US, SKEWED_PARALLELISM = 1000, 500, 4
+SKEWED_RATE, SKEWED_COST_US, SKEWED_PARALLELISM = 1000, 1200, 4
 
 
 def skewed_job(name: str) -> StreamJob:
