@@ -27,14 +27,21 @@ def _validate(args) -> int:
     return 1 if failed else 0
 
 
+def _load(path: str):
+    """The StreamJob in `path`, or None after naming each invalid field."""
+    try:
+        return load_job(path)
+    except SpecError as exc:
+        for field, message in exc.errors:
+            print(f"{path}: {field}: {message}", file=sys.stderr)
+        return None
+
+
 def _run(args) -> int:
     from .run import run_job, stop_on_terminal_signals
 
-    try:
-        job = load_job(args.file)
-    except SpecError as exc:
-        for field, message in exc.errors:
-            print(f"{args.file}: {field}: {message}", file=sys.stderr)
+    job = _load(args.file)
+    if job is None:
         return 2
     from streamjobs_core.reconfigure import Refused
 
@@ -65,6 +72,20 @@ def _running_job(args):
         print(f"--job: no job '{args.job}' in {args.redis_url}", file=sys.stderr)
         return None
     return store, plan
+
+
+def _answer(fetch, wait_s: float) -> int:
+    """Wait until the running job recorded what was asked of it (`fetch` returns the record then), print it."""
+    import time
+
+    deadline = time.monotonic() + wait_s
+    while (record := fetch()) is None:
+        if time.monotonic() > deadline:
+            print(f"requested; not done within {wait_s:.0f} s", file=sys.stderr)
+            return 1
+        time.sleep(0.2)
+    print(record.encode())
+    return 2 if getattr(record, "refused", None) else 0
 
 
 def _status(args) -> int:
@@ -98,7 +119,6 @@ def _status(args) -> int:
 
 
 def _rescale(args) -> int:
-    import time
 
     found = _running_job(args)
     if found is None:
@@ -119,28 +139,17 @@ def _rescale(args) -> int:
     if plan.head(args.operator) != args.operator:
         print(f"'{args.operator}' is chained to '{plan.head(args.operator)}': the chain rescales as one", file=sys.stderr)
     store.request_rescale(RescaleRequest(args.operator, args.parallelism, strategy))
-    deadline = time.monotonic() + args.wait
-    while not (done := store.rescale_history(before)):
-        if time.monotonic() > deadline:
-            print(f"requested; not done within {args.wait:.0f} s", file=sys.stderr)
-            return 1
-        time.sleep(0.2)
-    print(done[0].encode())
-    return 0
+    return _answer(lambda: next(iter(store.rescale_history(before)), None), args.wait)
 
 
 def _reconfigure(args) -> int:
-    import time
     import uuid
 
     from streamjobs_core.control import ReconfigureRequest
     from streamjobs_core.reconfigure import diff
 
-    try:
-        job = load_job(args.file)
-    except SpecError as exc:
-        for field, message in exc.errors:
-            print(f"{args.file}: {field}: {message}", file=sys.stderr)
+    job = _load(args.file)
+    if job is None:
         return 2
     found = _running_job(args)
     if found is None:
@@ -158,18 +167,11 @@ def _reconfigure(args) -> int:
     request = ReconfigureRequest(job.model_dump_json(by_alias=True), uuid.uuid4().hex)
     before = len(store.reconfigure_history())
     store.request_reconfigure(request)
-    deadline = time.monotonic() + args.wait
-    while not (done := [r for r in store.reconfigure_history(before) if r.request == request.id]):
-        if time.monotonic() > deadline:
-            print(f"requested; not done within {args.wait:.0f} s", file=sys.stderr)
-            return 1
-        time.sleep(0.2)
-    print(done[0].encode())
-    return 2 if done[0].refused else 0
+    return _answer(lambda: next((r for r in store.reconfigure_history(before) if r.request == request.id), None),
+                   args.wait)
 
 
 def _rebalance(args) -> int:
-    import time
 
     from streamjobs_core.control import RescaleRequest
     from streamjobs_core.rebalance import balanced, measure
@@ -196,14 +198,7 @@ def _rebalance(args) -> int:
         return 0
     before = len(store.rescale_history())
     store.request_rescale(RescaleRequest(op, current.parallelism, Strategy(args.strategy), balance.owners))
-    deadline = time.monotonic() + args.wait
-    while not (done := store.rescale_history(before)):
-        if time.monotonic() > deadline:
-            print(f"requested; not done within {args.wait:.0f} s", file=sys.stderr)
-            return 1
-        time.sleep(0.2)
-    print(done[0].encode())
-    return 0
+    return _answer(lambda: next(iter(store.rescale_history(before)), None), args.wait)
 
 
 def _bench(args) -> int:

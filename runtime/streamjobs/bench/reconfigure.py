@@ -99,26 +99,24 @@ class Changer:
             runtime.request_stop()
 
 
-def measure(restart: bool, steady_s: float, console: Console) -> dict:
-    job = bench_job(f"bench-reconfigure-{'restart' if restart else 'live'}")
-    changer = Changer(bench_job(job.metadata.name, AFTER), restart, steady_s)
+def observe(job: StreamJob, hook, steady_back_s: float, console: Console, prepare=None) -> dict:
+    """Run `job` with `hook` (a Changer or Rebalancer: its `done` says when its change started and ended); what
+    the sinks committed around the change against the `steady_back_s` before it, and the oracle's verdict."""
     with RedisServer() as server:
-        report = run_job(job, None, redis_url=server.url, console=console, during=changer)
+        report = run_job(job, None, redis_url=server.url, console=console, during=hook, prepare=prepare)
         r = redis.Redis.from_url(server.url)
         keys = JobKeys(job.metadata.name)
         lat_t, lat_v = latency_by_time(r, keys)
         out_t, out_kg, out_latency = outputs_by_key_group(r, keys, Bench(job, STAGE, SINK, "word"))
         r.close()
     verification = report.get("verification") or {}
-    done = changer.done
-    start, end = done["start_ms"], done["end_ms"]
-    steady_from = max(float(lat_t.min()), start - steady_s * 1000 / 2)
+    start, end = hook.done["start_ms"], hook.done["end_ms"]
+    steady_from = max(float(lat_t.min()), start - steady_back_s * 1000)
     steady = lat_v[(lat_t >= steady_from) & (lat_t < start)]
     steady_out = (out_t >= steady_from) & (out_t < start)
     usual = float(np.median(out_latency[steady_out])) if steady_out.any() else 0.0
     all_kgs = list(range(job.spec.max_parallelism))
     after = lat_v[(lat_t >= start) & (lat_t <= end + _AFTER_S * 1000)]
-    record = done["record"]
     return {
         "steady_p99_ms": float(np.percentile(steady, 99)) if len(steady) else None,
         "steady_result_latency_p50_ms": usual,
@@ -126,13 +124,19 @@ def measure(restart: bool, steady_s: float, console: Console) -> dict:
         "steady_pause_ms": held_up_ms(out_t, out_kg, out_latency, all_kgs, steady_from, start, usual),
         "max_latency_ms": float(after.max()) if len(after) else None,
         "pause_ms": held_up_ms(out_t, out_kg, out_latency, all_kgs, start - 1000, end + _AFTER_S * 1000, usual),
-        "aligned_ms": record.pause_ms,
-        "change_s": round((end - start) / 1000, 2),
-        "state_bytes": done["state_bytes"],
         "lost": verification.get("lost"), "duplicated": verification.get("duplicated"),
         "correct": verification.get("correct"), "restarts": report["restarts"],
         "timeline": per_bin(lat_t, lat_v, steady_from, end + _AFTER_S * 1000),
     }
+
+
+def measure(restart: bool, steady_s: float, console: Console) -> dict:
+    job = bench_job(f"bench-reconfigure-{'restart' if restart else 'live'}")
+    changer = Changer(bench_job(job.metadata.name, AFTER), restart, steady_s)
+    observed = observe(job, changer, steady_s / 2, console)
+    done = changer.done
+    return {**observed, "aligned_ms": done["record"].pause_ms,
+            "change_s": round((done["end_ms"] - done["start_ms"]) / 1000, 2), "state_bytes": done["state_bytes"]}
 
 
 SKEWED_RATE, SKEWED_COST_US, SKEWED_PARALLELISM = 1000, 1200, 4
@@ -226,33 +230,15 @@ class Rebalancer:
 def measure_rebalance(strategy: str, steady_s: float, console: Console) -> dict:
     job = skewed_job(f"bench-rebalance-{strategy.replace('_', '-')}")
     rebalancer = Rebalancer(strategy, steady_s)
-    with RedisServer() as server:
-        report = run_job(job, None, redis_url=server.url, console=console, during=rebalancer, prepare=hot_first())
-        r = redis.Redis.from_url(server.url)
-        keys = JobKeys(job.metadata.name)
-        lat_t, lat_v = latency_by_time(r, keys)
-        out_t, out_kg, out_latency = outputs_by_key_group(r, keys, Bench(job, STAGE, SINK, "word"))
-        r.close()
-    verification = report.get("verification") or {}
+    observed = observe(job, rebalancer, steady_s, console, prepare=hot_first())
     done = rebalancer.done
-    start, end = done["start_ms"], done["end_ms"]
-    steady_from = max(float(lat_t.min()), start - steady_s * 1000)
-    steady = lat_v[(lat_t >= steady_from) & (lat_t < start)]
-    steady_out = (out_t >= steady_from) & (out_t < start)
-    usual = float(np.median(out_latency[steady_out])) if steady_out.any() else 0.0
-    after = lat_v[(lat_t >= start) & (lat_t <= end + _AFTER_S * 1000)]
     return {
-        "steady_p99_ms": float(np.percentile(steady, 99)) if len(steady) else None,
-        "max_latency_ms": float(after.max()) if len(after) else None,
-        "pause_ms": held_up_ms(out_t, out_kg, out_latency, list(range(job.spec.max_parallelism)), start - 1000,
-                               end + _AFTER_S * 1000, usual),
+        **{k: v for k, v in observed.items() if k != "timeline"},
         "busy_shares_before": done["before"], "busy_shares_after": done["after"],
         "busiest_busy_share_before": max(done["before"].values()),
         "busiest_busy_share_after": max(done["after"].values()),
         "load_shares": done["balance"], "moved_key_groups": done["moved"],
         "rescale_s": done["record"].rescale_s,
-        "lost": verification.get("lost"), "duplicated": verification.get("duplicated"),
-        "correct": verification.get("correct"), "restarts": report["restarts"],
     }
 
 
