@@ -85,8 +85,10 @@ def test_a_rebalance_by_load_unloads_the_instance_holding_the_hot_key_groups_exa
     assert_exact(report)
     assert cli[0].returncode == 0, cli[0].stderr
     planned, record = (json.loads(line) for line in cli[0].stdout.splitlines()[-2:])
-    assert planned["busiest_share_before"] > planned["busiest_share_after"] and planned["moves"] > 0
+    # What the rebalance decides on (records per key group) is measured; busy time also holds each instance's
+    # fixed per-batch cost, which a loaded machine inflates: count/0's share must fall, by how much is the bench's.
+    assert planned["shares_before"][0] == planned["busiest_share_before"] > 0.4
+    assert planned["busiest_share_after"] < 0.75 * planned["busiest_share_before"] and planned["moves"] > 0
     assert record["strategy"] == "batched" and record["from"] == record["to"] == 4
     before, after = shares
-    assert max(before, key=before.get) == 0
-    assert after[0] < 0.85 * before[0], shares
+    assert after[0] < before[0], shares
