@@ -370,8 +370,11 @@ class RedisJobStore:
             commit.hset(self.keys.cut(version), mapping={f"{op}/{p}": o for p, o in offsets.items()})
 
     def cut(self, version: int) -> dict[tuple[str, int], bytes]:
-        fields = (((*as_text(f).rpartition("/"),), offset) for f, offset in self.r.hgetall(self.keys.cut(version)).items())
-        return {(op, int(p)): offset for (op, _, p), offset in fields}
+        out = {}
+        for field_, offset in self.r.hgetall(self.keys.cut(version)).items():
+            op, _, partition = as_text(field_).rpartition("/")
+            out[(op, int(partition))] = offset
+        return out
 
     def record_aligned(self, commit: Commit, op: str, instance: int, version: int, ms: float) -> None:
         commit.hset(self.keys.aligned(version), mapping={f"{op}/{instance}": round(ms, 1)})

@@ -16,7 +16,7 @@ from typing import Any
 from streamjobs_core.jobstore import RedisJobStore
 from streamjobs_core.loading import SpecError, parse_job
 from streamjobs_core.plan import JobPlan
-from streamjobs_core.reconfigure import Reconfiguration, ReconfigureController, diff
+from streamjobs_core.reconfigure import Reconfiguration, ReconfigureController, Refused, diff
 from streamjobs_core.rescale import RescaleController, progress
 from streamjobs_core.spec import StreamJob
 
@@ -150,8 +150,7 @@ def check_change(deployed: StreamJob, wanted: StreamJob) -> Reconfiguration:
     job (reconfigure.py says which and why)."""
     changes = diff(deployed, wanted)
     if changes.refused:
-        raise UnsupportedChange("; ".join(c.describe() for c in changes.refused)
-                                + ". Nothing was applied: revert these, or delete and re-create the StreamJob")
+        raise UnsupportedChange(f"{Refused(changes.refused)}. Nothing was applied: revert these, or delete and re-create the StreamJob")
     if changes.live and wanted.spec.suspend:
         raise UnsupportedChange("; ".join(c.describe() for c in changes.live)
                                 + ": a suspended job changes live once it runs again; resume it first")

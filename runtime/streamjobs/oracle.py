@@ -300,20 +300,15 @@ def _versioned_source(r: redis.Redis, plans: list[JobPlan], op: str, cuts: dict[
     count = plan.key_groups(op)
     committed = RedisJobStore(r, plan.name).partitions(op, range(count))
     shed = shed_indices(r, plan, op) if spec.load_shedding is not None else None
+    bounds = {}  # per partition: the offsets where each version starts, and the end of its committed input
+    for p, (progress, _) in committed.items():
+        missing = [v for v in range(1, len(plans)) if (op, p) not in cuts[v]]
+        if missing:
+            raise Unverifiable(f"{op}: partition {p} never switched to plan version {missing[0]}")
+        bounds[p] = [0, *(int(cuts[v][(op, p)]) for v in range(1, len(plans))), int(progress.cursor) if progress else 0]
     tables = []
     for version in range(len(plans)):
-        parts = []
-        for p, (progress, _) in committed.items():
-            end_of_input = int(progress.cursor) if progress else 0
-            bounds = []
-            for v in (version, version + 1):
-                if v == 0 or v == len(plans):
-                    bounds.append(0 if v == 0 else end_of_input)
-                elif (op, p) not in cuts[v]:
-                    raise Unverifiable(f"{op}: partition {p} never switched to plan version {v}")
-                else:
-                    bounds.append(int(cuts[v][(op, p)]))
-            parts.append(generators.global_indices(p, count, bounds[0], bounds[1]))
+        parts = [generators.global_indices(p, count, edges[version], edges[version + 1]) for p, edges in bounds.items()]
         indices = np.sort(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
         if shed is not None:
             indices = np.setdiff1d(indices, shed, assume_unique=True)

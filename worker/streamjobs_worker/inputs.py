@@ -262,7 +262,9 @@ class StreamInput:
                 self._pass(stream, entry)
                 continue
             part, marks = batch, stream.upstream_watermarks
-            if entry.runs and all(stream.passed[lo : hi + 1].min() > self.version for lo, hi in entry.runs):
+            # Only once a barrier of the next version was read can an entry follow one (the usual case skips it).
+            if self.aligning_since is not None and entry.runs and all(
+                    stream.passed[lo : hi + 1].min() > self.version for lo, hi in entry.runs):
                 part, marks = self._after_barrier(stream, batch)
             for lo, hi in entry.runs:
                 view = marks[lo : hi + 1]
