@@ -205,6 +205,51 @@ class ReconfigureRecord:
 
 
 @dataclass(frozen=True)
+class ControlEvent:
+    """A control event for every instance of `operator` (`streamjobs control`): delivered in-band, at the
+    sync point of a plan version of its own, to the handler named `name` (controlhandlers.py)."""
+
+    id: str
+    operator: str
+    name: str
+    args: dict[str, str]
+
+    def encode(self) -> str:
+        return json.dumps({"id": self.id, "operator": self.operator, "name": self.name, "args": self.args})
+
+    @classmethod
+    def decode(cls, raw: str | bytes) -> ControlEvent:
+        d = json.loads(raw)
+        return cls(d["id"], d["operator"], d["name"], {str(k): str(v) for k, v in d["args"].items()})
+
+
+@dataclass(frozen=True)
+class ControlRecord:
+    """A control event delivered: the plan version it travelled with, and per `<op>/<instance>` the handler's
+    reply (or `{"error": ...}` where it raised); `refused` says why an event was not sent at all."""
+
+    event: ControlEvent
+    version: int | None
+    replies: dict[str, object]
+    duration_s: float | None = None
+    pause_ms: float | None = None
+    refused: str | None = None
+
+    def as_dict(self) -> dict:
+        return {"event": json.loads(self.event.encode()), "version": self.version, "replies": self.replies,
+                "duration_s": self.duration_s, "pause_ms": self.pause_ms, "refused": self.refused}
+
+    def encode(self) -> str:
+        return json.dumps(self.as_dict())
+
+    @classmethod
+    def decode(cls, raw: str | bytes) -> ControlRecord:
+        d = json.loads(raw)
+        return cls(ControlEvent.decode(json.dumps(d["event"])), d["version"], d["replies"], d.get("duration_s"),
+                   d.get("pause_ms"), d.get("refused"))
+
+
+@dataclass(frozen=True)
 class StandbyStatus:
     """One standby of an all_at_once rescale (worker --await-epoch): ready for an epoch once its Spark is up and
     the bulk of its state loaded; `lag`, the changelog entries its last catch-up round applied."""

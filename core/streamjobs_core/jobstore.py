@@ -23,6 +23,8 @@ from typing import Protocol
 
 from .codec import encode_marker
 from .control import (
+    ControlEvent,
+    ControlRecord,
     InstanceAddress,
     PartitionProgress,
     Promotion,
@@ -122,11 +124,21 @@ class JobStore(Protocol):
     def record_aligned(self, commit: Commit, op: str, instance: int, version: int, ms: float) -> None: ...
     def aligned(self, version: int) -> dict[str, float]: ...
     def reconfigure_state(self) -> ReconfigureState | None: ...
-    def end_reconfigure(self, record: ReconfigureRecord) -> None:
-        """Append to the history and clear the reconfiguration in progress, at once."""
+    def end_reconfigure(self, record: ReconfigureRecord, control: ControlRecord | None = None) -> None:
+        """Append to the history (and `control`, a control event's, to its own) and clear the reconfiguration
+        in progress, at once."""
     def reconfigure_history(self, start: int = 0) -> list[ReconfigureRecord]: ...
     def request_reconfigure(self, request: ReconfigureRequest) -> None: ...
     def next_reconfigure_request(self) -> ReconfigureRequest | None: ...
+
+    # --- control events (reconfigure.py, controlhandlers.py) -------------------------------
+    def record_reply(self, commit: Commit, event: str, op: str, instance: int, reply: str) -> None:
+        """An instance's reply (JSON) to control event `event`, with its switch to the event's plan version."""
+    def replies(self, event: str) -> dict[str, object]: ...
+    def request_control(self, event: ControlEvent) -> None: ...
+    def next_control_request(self) -> ControlEvent | None: ...
+    def end_control(self, record: ControlRecord) -> None: ...
+    def control_history(self, start: int = 0) -> list[ControlRecord]: ...
 
     # --- standbys and spares ----------------------------------------------------------
     def report_standby(self, op: str, instance: int, epoch: int) -> None: ...
@@ -386,9 +398,11 @@ class RedisJobStore:
         raw = self.r.get(self.keys.reconfigure_current)
         return ReconfigureState.decode(raw) if raw is not None else None
 
-    def end_reconfigure(self, record: ReconfigureRecord) -> None:
+    def end_reconfigure(self, record: ReconfigureRecord, control: ControlRecord | None = None) -> None:
         pipe = self.r.pipeline()
         pipe.rpush(self.keys.reconfigure_history, record.encode())
+        if control is not None:
+            pipe.rpush(self.keys.control_history, control.encode())
         pipe.delete(self.keys.reconfigure_current)
         pipe.execute()
 
@@ -401,6 +415,25 @@ class RedisJobStore:
     def next_reconfigure_request(self) -> ReconfigureRequest | None:
         raw = self.r.lpop(self.keys.reconfigure_requests)
         return ReconfigureRequest.decode(raw) if raw is not None else None
+
+    def record_reply(self, commit: Commit, event: str, op: str, instance: int, reply: str) -> None:
+        commit.hset(self.keys.replies(event), mapping={f"{op}/{instance}": reply})
+
+    def replies(self, event: str) -> dict[str, object]:
+        return {as_text(k): json.loads(v) for k, v in self.r.hgetall(self.keys.replies(event)).items()}
+
+    def request_control(self, event: ControlEvent) -> None:
+        self.r.rpush(self.keys.control_requests, event.encode())
+
+    def next_control_request(self) -> ControlEvent | None:
+        raw = self.r.lpop(self.keys.control_requests)
+        return ControlEvent.decode(raw) if raw is not None else None
+
+    def end_control(self, record: ControlRecord) -> None:
+        self.r.rpush(self.keys.control_history, record.encode())
+
+    def control_history(self, start: int = 0) -> list[ControlRecord]:
+        return [ControlRecord.decode(x) for x in self.r.lrange(self.keys.control_history, start, -1)]
 
     # --- standbys and spares --------------------------------------------------------------
     def report_standby(self, op: str, instance: int, epoch: int) -> None:
@@ -535,6 +568,9 @@ class MemoryJobStore:
         self._reconfiguring: ReconfigureState | None = None
         self._reconfigured: list[ReconfigureRecord] = []
         self._reconfigure_requests: list[ReconfigureRequest] = []
+        self._replies: dict[str, dict[str, object]] = {}
+        self._control_requests: list[ControlEvent] = []
+        self._controlled: list[ControlRecord] = []
 
     def deploy(self, plan: JobPlan, owner: str | None = None) -> None:
         self._plan, self._owner = plan, owner
@@ -678,8 +714,10 @@ class MemoryJobStore:
     def reconfigure_state(self) -> ReconfigureState | None:
         return self._reconfiguring
 
-    def end_reconfigure(self, record: ReconfigureRecord) -> None:
+    def end_reconfigure(self, record: ReconfigureRecord, control: ControlRecord | None = None) -> None:
         self._reconfigured.append(record)
+        if control is not None:
+            self._controlled.append(control)
         self._reconfiguring = None
 
     def reconfigure_history(self, start: int = 0) -> list[ReconfigureRecord]:
@@ -690,6 +728,24 @@ class MemoryJobStore:
 
     def next_reconfigure_request(self) -> ReconfigureRequest | None:
         return self._reconfigure_requests.pop(0) if self._reconfigure_requests else None
+
+    def record_reply(self, commit: Commit | None, event: str, op: str, instance: int, reply: str) -> None:
+        self._replies.setdefault(event, {})[f"{op}/{instance}"] = json.loads(reply)
+
+    def replies(self, event: str) -> dict[str, object]:
+        return dict(self._replies.get(event, {}))
+
+    def request_control(self, event: ControlEvent) -> None:
+        self._control_requests.append(event)
+
+    def next_control_request(self) -> ControlEvent | None:
+        return self._control_requests.pop(0) if self._control_requests else None
+
+    def end_control(self, record: ControlRecord) -> None:
+        self._controlled.append(record)
+
+    def control_history(self, start: int = 0) -> list[ControlRecord]:
+        return self._controlled[start:]
 
     def report_standby(self, op: str, instance: int, epoch: int) -> None:
         self._standbys.setdefault(op, {})[instance] = epoch

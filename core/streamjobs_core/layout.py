@@ -146,6 +146,19 @@ class JobKeys:
     def reconfigure_history(self) -> str:
         return f"{self.prefix}:reconfigure:history"
 
+    def replies(self, event: str) -> str:
+        """Per `<op>/<instance>`: its reply to control event `event`, committed with its switch to the event's
+        plan version."""
+        return f"{self.prefix}:control:replies:{event}"
+
+    @property
+    def control_requests(self) -> str:
+        return f"{self.prefix}:control:requests"
+
+    @property
+    def control_history(self) -> str:
+        return f"{self.prefix}:control:history"
+
     @property
     def autoscaler_decisions(self) -> str:
         return f"{self.prefix}:autoscaler:decisions"

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from .chaining import Chain, chains
+from .control import ControlEvent
 from .keygroups import Assignment
 from .layout import JobKeys
 from .spec import StreamJob
@@ -36,6 +37,7 @@ class JobPlan:
     job: StreamJob
     t0_ms: int  # event-time origin of the generator sources
     version: int = 0  # raised by every live reconfiguration (reconfigure.py); the deploy is version 0
+    control: ControlEvent | None = None  # the control event this version carries to its operator's instances
 
     @property
     def name(self) -> str:
@@ -93,12 +95,15 @@ class JobPlan:
 
     def to_json(self) -> str:
         return json.dumps({"job": self.job.model_dump(mode="json", by_alias=True), "t0_ms": self.t0_ms,
-                           "version": self.version})
+                           "version": self.version,
+                           "control": None if self.control is None else json.loads(self.control.encode())})
 
     @classmethod
     def from_json(cls, text: str | bytes) -> JobPlan:
         data = json.loads(text)
-        return cls(StreamJob.model_validate(data["job"]), int(data["t0_ms"]), int(data.get("version", 0)))
+        control = data.get("control")
+        return cls(StreamJob.model_validate(data["job"]), int(data["t0_ms"]), int(data.get("version", 0)),
+                   None if control is None else ControlEvent.decode(json.dumps(control)))
 
 
 def edge_totals(r, keys: JobKeys, edges) -> list[tuple[int, int]]:

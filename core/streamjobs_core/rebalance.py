@@ -4,8 +4,10 @@ Ranges (and consistent hashing) give every instance as many key groups, but a
 skewed key space (Zipf words, hot auctions) puts more records in some key
 groups than in others, and an instance that owns the hot ones is the job's
 bottleneck while the others idle. The load of a key group is the records its
-streams delivered over a measuring window (the `consumed` counters the workers
-commit), which with a per-record cost is what keeps its owner busy.
+streams delivered over a measuring window, which with a per-record cost is what
+keeps its owner busy. It is measured through the control plane (Chi): a `load`
+control event at each end of the window, answered by every instance at its sync
+point (controlhandlers.py in the worker).
 
 `balanced` starts from the current owners and repeatedly moves, from the most
 loaded instance to the least loaded, the largest key group that narrows their
@@ -19,10 +21,11 @@ default: key groups change owner at in-band markers while everything runs.
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .jobstore import JobStore
+from .control import ControlEvent, ControlRecord
 from .keygroups import Assignment
 from .plan import JobPlan
 
@@ -43,17 +46,34 @@ class Balance:
                 "shares_before": list(self.before), "shares_after": list(self.after)}
 
 
-def measure(store: JobStore, plan: JobPlan, op: str, window_s: float,
-            sleep: Callable[[float], None] = time.sleep) -> tuple[float, ...]:
-    """Records per second delivered to each key group of `op` over `window_s`, summed over its inputs."""
+def measure(deliver: Callable[[ControlEvent], ControlRecord], plan: JobPlan, op: str, window_s: float,
+            sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic,
+            ) -> tuple[float, ...]:
+    """Records per second each key group of `op` read over `window_s`, summed over its inputs: two `load`
+    control events `deliver`ed to its instances, each answered at a sync point, so both ends of the window are
+    one cut of the stream for every key group alike."""
     if not plan.edges_in(op):
         raise ValueError(f"'{op}' reads no streams: a source's partitions are not rebalanced by load")
-    upstreams = [e.upstream for e in plan.edges_in(op)]
-    kgs = range(plan.key_groups(op))
-    first, started = store.consumed(upstreams, op, kgs), time.monotonic()
+    first = _records(deliver(ControlEvent(uuid.uuid4().hex, op, "load", {})), plan.key_groups(op))
+    started = clock()
     sleep(window_s)
-    last, elapsed = store.consumed(upstreams, op, kgs), max(1e-6, time.monotonic() - started)
-    return tuple((last[kg] - first[kg]) / elapsed for kg in kgs)
+    last = _records(deliver(ControlEvent(uuid.uuid4().hex, op, "load", {})), plan.key_groups(op))
+    elapsed = max(1e-6, clock() - started)
+    return tuple((b - a) / elapsed for a, b in zip(first, last))
+
+
+def _records(record: ControlRecord, key_groups: int) -> list[int]:
+    if record.refused:
+        raise RuntimeError(f"load event refused: {record.refused}")
+    out: dict[int, int] = {}
+    for instance, reply in record.replies.items():
+        if "error" in reply:
+            raise RuntimeError(f"{instance} failed to answer the load event: {reply['error']}")
+        out.update({int(kg): int(n) for kg, n in reply["records"].items()})
+    missing = sorted(set(range(key_groups)) - out.keys())
+    if missing:
+        raise RuntimeError(f"no instance answered for key groups {missing}")
+    return [out[kg] for kg in range(key_groups)]
 
 
 def balanced(current: Assignment, load: tuple[float, ...], max_moves: int | None = None) -> Balance:

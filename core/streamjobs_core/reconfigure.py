@@ -30,11 +30,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
-from .control import ReconfigureRecord, ReconfigureState
+from .control import ControlEvent, ControlRecord, ReconfigureRecord, ReconfigureState
 from .jobstore import JobStore
 from .plan import JobPlan
 from .rescale import Fleet
-from .spec import StreamJob
+from .spec import BUILT_IN_HANDLERS, StreamJob
 
 # Fields of a stateful stage that give its state its meaning: changed, the state would be read wrongly.
 _STATE_FIELDS = {
@@ -121,7 +121,7 @@ def _settings(key: str, old, new) -> list[Change]:
     if key == "maxParallelism":
         return [Change("spec.maxParallelism", How.REFUSED, "it maps keys to other key groups: the state would "
                        "have to be re-split, which needs a new job")]
-    if key in ("batching", "rescale"):
+    if key in ("batching", "rescale", "controlHandlers"):
         return [Change(f"spec.{key}.{f}", How.LIVE) for f in _changed_fields(old, new)]
     if key == "state":
         return [Change(f"spec.state.{f}", How.LIVE if f == "snapshotEveryBatches" else How.REFUSED,
@@ -212,6 +212,30 @@ class ReconfigureController:
             restart.start_job(parallelism)
         return changes, self._await(state)
 
+    def deliver(self, event: ControlEvent) -> ControlRecord:
+        """Deliver a control event to every instance of its operator at a sync point (Chi): it travels as a
+        plan version of its own, the running spec unchanged, so each instance meets it between the same
+        records as every other operator; each replies in its switching commit. A name the job has no handler
+        for, or an operator it has not, is refused before anything is sent."""
+        self.resume()
+        running = self._store.plan()
+        spec = running.spec
+        refused = None
+        if event.operator not in {op.name for op in spec.operators}:
+            refused = f"no operator '{event.operator}' (operators: {', '.join(op.name for op in spec.operators)})"
+        elif event.name not in BUILT_IN_HANDLERS and event.name not in spec.handlers:
+            known = (*BUILT_IN_HANDLERS, *spec.handlers)
+            refused = f"no handler for event '{event.name}' (spec.controlHandlers and built-ins: {', '.join(known)})"
+        if refused is not None:
+            record = ControlRecord(event, None, {}, refused=refused)
+            self._store.end_control(record)
+            return record
+        state = ReconfigureState(running.version + 1, time.time(), (f"control {event.name} -> {event.operator}",),
+                                 event.id)
+        self._store.publish_plan(JobPlan(running.job, running.t0_ms, state.version, event), state)
+        self._await(state)
+        return next(r for r in reversed(self._store.control_history()) if r.event.id == event.id)
+
     def resume(self) -> ReconfigureRecord | None:
         state = self._store.reconfigure_state()
         return None if state is None else self._await(state)
@@ -228,7 +252,11 @@ class ReconfigureController:
         record = ReconfigureRecord(state.version, state.changes, state.request,
                                    round(time.time() - state.started_at, 3), max(aligned.values(), default=0.0),
                                    aligned)
-        self._store.end_reconfigure(record)
+        control = None
+        if plan.control is not None:  # its replies came with the switches just awaited
+            control = ControlRecord(plan.control, plan.version, self._store.replies(plan.control.id),
+                                    record.duration_s, record.pause_ms)
+        self._store.end_reconfigure(record, control)
         return record
 
     def waiting(self, plan: JobPlan) -> dict[str, int]:
@@ -242,6 +270,19 @@ class ReconfigureController:
         return out
 
 
+def ask(store: JobStore, event: ControlEvent, timeout_s: float, sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic) -> ControlRecord:
+    """From outside the runtime (`streamjobs control`): have the running job deliver `event`; its record."""
+    before = len(store.control_history())
+    store.request_control(event)
+    deadline = clock() + timeout_s
+    while (record := next((r for r in store.control_history(before) if r.event.id == event.id), None)) is None:
+        if clock() > deadline:
+            raise TimeoutError(f"control event {event.name}: not answered within {timeout_s:.0f} s")
+        sleep(0.2)
+    return record
+
+
 def _with_parallelism(job: StreamJob, running: StreamJob) -> StreamJob:
     spec = job.spec
     groups = {}
@@ -251,5 +292,5 @@ def _with_parallelism(job: StreamJob, running: StreamJob) -> StreamJob:
     return job.model_copy(update={"spec": spec.model_copy(update=groups)})
 
 
-__all__ = ["Change", "How", "Reconfiguration", "ReconfigureController", "Refused", "diff",
+__all__ = ["Change", "How", "Reconfiguration", "ReconfigureController", "Refused", "ask", "diff",
            "plan_in_force"]

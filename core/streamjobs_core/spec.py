@@ -10,7 +10,16 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
@@ -30,6 +39,18 @@ class _Model(BaseModel):
         alias_generator=to_camel,
         populate_by_name=True,
     )
+
+
+# Control events every instance answers without a spec entry (the worker's controlhandlers.py).
+BUILT_IN_HANDLERS = ("load", "state")
+_HANDLER_NAME = re.compile(r"^[a-z][a-z0-9_-]*$")
+# A map in YAML, kept as sorted pairs: the spec is frozen and hashable.
+HandlerRefs = Annotated[
+    tuple[tuple[str, str], ...],
+    BeforeValidator(lambda value: tuple(sorted(value.items())) if isinstance(value, dict) else value),
+    PlainSerializer(dict, return_type=dict[str, str]),
+    WithJsonSchema({"type": "object", "additionalProperties": {"type": "string"}}),
+]
 
 
 def _dns_label(value: str) -> str:
@@ -699,7 +720,32 @@ class StreamJobSpec(_Model):
     autoscaler: AutoscalerSettings = AutoscalerSettings()
     rescale: RescaleSettings = RescaleSettings()
     redis: RedisSettings = RedisSettings()
+    control_handlers: HandlerRefs = Field(
+        (),
+        description="Control events the job answers (`streamjobs control --event NAME`): NAME -> "
+                    "'package.module:function', called on every instance of the operator at the event's sync "
+                    f"point. Built in: {', '.join(BUILT_IN_HANDLERS)}.",
+    )
     suspend: bool = False
+
+    @field_validator("control_handlers")
+    @classmethod
+    def _check_handlers(cls, value: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+        for name, ref in value:
+            if not _HANDLER_NAME.match(name):
+                raise ValueError(f"'{name}': a handler's name must match [a-z][a-z0-9_-]*")
+            if name in BUILT_IN_HANDLERS:
+                raise ValueError(f"'{name}' is a built-in handler")
+            try:
+                _function_ref(ref)
+            except ValueError as exc:
+                raise ValueError(f"'{name}': {exc}") from None
+        return value
+
+    @property
+    def handlers(self) -> dict[str, str]:
+        """spec.controlHandlers: event name -> 'package.module:function'."""
+        return dict(self.control_handlers)
 
     @model_validator(mode="after")
     def _check_graph(self) -> StreamJobSpec:

@@ -74,6 +74,18 @@ def _running_job(args):
     return store, plan
 
 
+def _running_operator(args):
+    """(job store, plan) of --job in --redis-url, which has an --operator; or the exit code after saying why."""
+    found = _running_job(args)
+    if found is None:
+        return 1
+    names = [op.name for op in found[1].spec.operators]
+    if args.operator not in names:
+        print(f"--operator: no operator '{args.operator}' (operators: {', '.join(names)})", file=sys.stderr)
+        return 2
+    return found
+
+
 def _answer(fetch, wait_s: float) -> int:
     """Wait until the running job recorded what was asked of it (`fetch` returns the record then), print it."""
     import time
@@ -114,23 +126,20 @@ def _status(args) -> int:
                       {"version": reconfiguring.version, "changes": list(reconfiguring.changes),
                        "waiting": ReconfigureController(store).waiting(plan)},
                       "reconfigurations": [record.as_dict() for record in store.reconfigure_history()],
+                      "control_events": [record.as_dict() for record in store.control_history()[-5:]],
                       "autoscaler": {"policy": plan.spec.autoscaler.policy, "last_decisions": decisions}}, indent=2))
     return 0
 
 
 def _rescale(args) -> int:
 
-    found = _running_job(args)
-    if found is None:
-        return 1
+    found = _running_operator(args)
+    if isinstance(found, int):
+        return found
     from streamjobs_core.control import RescaleRequest
 
     store, plan = found
     spec = plan.spec
-    names = [op.name for op in spec.operators]
-    if args.operator not in names:
-        print(f"--operator: no operator '{args.operator}' (operators: {', '.join(names)})", file=sys.stderr)
-        return 2
     if not 1 <= args.parallelism <= spec.max_parallelism:
         print(f"--parallelism: must be in [1, {spec.max_parallelism}] (maxParallelism)", file=sys.stderr)
         return 2
@@ -171,25 +180,63 @@ def _reconfigure(args) -> int:
                    args.wait)
 
 
+def _control(args) -> int:
+    import uuid
+
+    from streamjobs_core.control import ControlEvent
+    from streamjobs_core.reconfigure import ask
+    from streamjobs_core.spec import BUILT_IN_HANDLERS
+
+    found = _running_operator(args)
+    if isinstance(found, int):
+        return found
+    store, plan = found
+    handlers = (*BUILT_IN_HANDLERS, *plan.spec.handlers)
+    if args.event not in handlers:
+        print(f"--event: the job has no handler '{args.event}' (spec.controlHandlers and built-ins: "
+              f"{', '.join(handlers)})", file=sys.stderr)
+        return 2
+    pairs = [arg.partition("=") for arg in args.arg]
+    for key, sep, _ in pairs:
+        if not sep or not key:
+            print(f"--arg: '{key}' is not key=value", file=sys.stderr)
+            return 2
+    event = ControlEvent(uuid.uuid4().hex, args.operator, args.event, {k: v for k, _, v in pairs})
+    try:
+        record = ask(store, event, args.wait)
+    except TimeoutError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    print(json.dumps(record.as_dict(), indent=2))
+    if record.refused:  # the spec changed since it was read here
+        print(f"refused: {record.refused}", file=sys.stderr)
+        return 2
+    errors = [f"{instance}: {reply['error']}" for instance, reply in record.replies.items()
+              if isinstance(reply, dict) and "error" in reply]
+    for line in errors:
+        print(line, file=sys.stderr)
+    return 1 if errors else 0
+
+
 def _rebalance(args) -> int:
 
     from streamjobs_core.control import RescaleRequest
     from streamjobs_core.rebalance import balanced, measure
+    from streamjobs_core.reconfigure import ask
 
-    found = _running_job(args)
-    if found is None:
-        return 1
+    found = _running_operator(args)
+    if isinstance(found, int):
+        return found
     store, plan = found
-    names = [op.name for op in plan.spec.operators]
-    if args.operator not in names:
-        print(f"--operator: no operator '{args.operator}' (operators: {', '.join(names)})", file=sys.stderr)
-        return 2
     op = plan.head(args.operator)
     try:
-        load = measure(store, plan, op, args.measure_s)
+        load = measure(lambda event: ask(store, event, args.wait), plan, op, args.measure_s)
     except ValueError as exc:
         print(f"--operator: {exc}", file=sys.stderr)
         return 2
+    except (RuntimeError, TimeoutError) as exc:
+        print(f"measuring the load: {exc}", file=sys.stderr)
+        return 1
     current = store.assignment(op)
     balance = balanced(current, load)
     moved = sum(a != b for a, b in zip(current.owners, balance.owners))
@@ -309,6 +356,17 @@ def main(argv: list[str] | None = None) -> int:
     reconfigure.add_argument("--dry-run", action="store_true", help="print what would change and how; apply nothing")
     reconfigure.add_argument("--wait", type=float, default=180.0, help="seconds to wait for the change to finish")
     reconfigure.set_defaults(func=_reconfigure)
+
+    control = sub.add_parser(
+        "control", help="deliver a control event in-band to every instance of an operator; print their replies")
+    control.add_argument("--job", required=True)
+    control.add_argument("--operator", required=True)
+    control.add_argument("--event", required=True, help="a handler name: spec.controlHandlers, or built in "
+                         "(load: records read per key group; state: rows held per key group)")
+    control.add_argument("--arg", action="append", default=[], metavar="KEY=VALUE", help="passed to the handler")
+    control.add_argument("--redis-url", required=True, help="as printed by `streamjobs run`")
+    control.add_argument("--wait", type=float, default=180.0, help="seconds to wait for the replies")
+    control.set_defaults(func=_control)
 
     rebalance = sub.add_parser(
         "rebalance", help="move key groups between an operator's instances by their measured load (same parallelism)")

@@ -23,6 +23,8 @@ from pathlib import Path
 
 from streamjobs_core.connect import connect
 from streamjobs_core.control import (
+    ControlEvent,
+    ControlRecord,
     InstanceAddress,
     Promotion,
     ReconfigureRecord,
@@ -390,10 +392,10 @@ class LocalRuntime:
             if with_spares and group is first:
                 self._wait_spares(ready_timeout_s)
 
-    def handle_requests(self) -> list[RescaleRecord | ReconfigureRecord]:
-        """Carry out rescales and reconfigurations asked for by `streamjobs rescale` and `streamjobs
-        reconfigure` (through the job store)."""
-        done: list[RescaleRecord | ReconfigureRecord] = []
+    def handle_requests(self) -> list[RescaleRecord | ReconfigureRecord | ControlRecord]:
+        """Carry out rescales, reconfigurations and control events asked for by `streamjobs rescale`,
+        `streamjobs reconfigure` and `streamjobs control` (through the job store)."""
+        done: list[RescaleRecord | ReconfigureRecord | ControlRecord] = []
         while (request := self.jobs.next_rescale_request()) is not None:
             done.append(self.rescale(request.operator, request.parallelism, request.strategy, request.owners))
         while (asked := self.jobs.next_reconfigure_request()) is not None:
@@ -406,6 +408,8 @@ class LocalRuntime:
             if record.version is None:  # nothing live: the asker still hears the outcome
                 self.jobs.end_reconfigure(record)
             done.append(record)
+        while (event := self.jobs.next_control_request()) is not None:
+            done.append(self.control(event))
         return done
 
     # --- live reconfiguration (reconfigure.py) -------------------------------------
@@ -430,6 +434,13 @@ class LocalRuntime:
         if record is not None:
             self.plan = self.jobs.plan()
             self.job = self.plan.job
+        return record
+
+    def control(self, event: ControlEvent) -> ControlRecord:
+        """Deliver a control event to every instance of its operator at one sync point; their replies."""
+        record = self._reconfigurer().deliver(event)
+        if record.version is not None:
+            self.plan = self.jobs.plan()
         return record
 
     def _reconfigurer(self) -> ReconfigureController:

@@ -15,7 +15,7 @@ import redis
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
-from streamjobs_core.control import ReconfigureRecord
+from streamjobs_core.control import ControlRecord, ReconfigureRecord
 from streamjobs_core.spec import StreamJob
 
 from . import report as reporting
@@ -87,6 +87,7 @@ def run_job(
             "shed": {op.decode(): int(n) for op, n in runtime.r.hgetall(runtime.keys.shed_totals).items()},
             "rescales": [record.as_dict() for record in runtime.jobs.rescale_history()],
             "reconfigurations": [record.as_dict() for record in runtime.jobs.reconfigure_history()],
+            "control_events": [record.as_dict() for record in runtime.jobs.control_history()],
             "autoscaler": {
                 "policy": job.spec.autoscaler.policy,
                 "decisions": autoscaler.log.entries(),
@@ -150,6 +151,12 @@ def _tick(runtime, console, autoscaler) -> bool:
                 else:
                     console.print(f"reconfigured live to plan version {record.version} in {record.duration_s:.1f} s "
                                   f"(input held back {record.pause_ms:.0f} ms at most): {'; '.join(record.changes)}")
+                continue
+            if isinstance(record, ControlRecord):
+                event = record.event
+                console.print(f"control event {event.name} -> {event.operator}: " + (
+                    f"refused: {record.refused}" if record.refused else
+                    f"{len(record.replies)} replies at plan version {record.version}"))
                 continue
             console.print(f"rescaled {record.operator} {record.from_parallelism} -> {record.to_parallelism} "
                           f"({record.strategy}): pause {record.pause_ms:.0f} ms")

@@ -10,6 +10,7 @@ from collections import Counter
 
 import redis
 import yaml
+from streamjobs_core.jobstore import RedisJobStore
 from streamjobs_core.layout import JobKeys
 from streamjobs_core.loading import load_job
 
@@ -92,3 +93,64 @@ def test_a_rebalance_by_load_unloads_the_instance_holding_the_hot_key_groups_exa
     assert record["strategy"] == "batched" and record["from"] == record["to"] == 4
     before, after = shares
     assert after[0] < before[0], shares
+
+
+def test_control_events_reach_every_instance_at_one_cut_through_a_sigkill(redis_server, run, tmp_path):
+    """`streamjobs control` sends events to the running job while words flow; `count/1` is SIGKILLed while
+    the first one travels. Every instance of the operator replies once, at its sync point: the records its key
+    groups read by then are exactly those the sources emitted before the event's cut (the stages between filter
+    nothing), and the output stays exact."""
+    doc = yaml.safe_load((ROOT / "tests/jobs/reconfigured.yaml").read_text())
+    doc["spec"]["controlHandlers"] = {"echo": "tests.jobs.handlers:echo", "fail": "tests.jobs.handlers:fail"}
+    path = tmp_path / "handled.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    store = RedisJobStore(redis.Redis.from_url(redis_server.url), "reconfigured")
+    answers, killed = [], []
+
+    def control(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "streamjobs.cli", "control", "--job", "reconfigured", *args,
+                               "--redis-url", redis_server.url, "--wait", "120"],
+                              capture_output=True, text=True, timeout=180)
+
+    def send(runtime) -> None:
+        echo = in_a_thread(lambda _: answers.append(control("--operator", "count", "--event", "echo",
+                                                            "--arg", "who=test")))
+        echo(runtime)
+        while store.reconfigure_state() is None:  # published: the barriers are on their way
+            time.sleep(0.01)
+        runtime.kill("count", 1)
+        killed.append(store.versions("count"))
+        while not answers:
+            time.sleep(0.1)
+        for args in (("tag", "load"), ("count", "state"), ("tag", "fail"), ("count", "flush")):
+            answers.append(control("--operator", args[0], "--event", args[1]))
+        runtime.request_stop()
+
+    start = in_a_thread(send)
+    report = run(str(path), None, during=lambda runtime, elapsed: elapsed > 12 and start(runtime))
+    assert_exact(report)
+    echo, load, state, fail, unknown = answers
+    assert [a.returncode for a in answers] == [0, 0, 0, 1, 2], [a.stderr for a in answers]
+    # count/1 had not switched when it was killed: its restart met the barriers again and replied then, once.
+    assert not any(killed[0].values()) and report["restarts"] >= 1, (killed, report["restarts"])
+    records = []
+    for answer in (echo, load):
+        record = json.loads(answer.stdout)
+        cut = store.cut(record["version"])
+        emitted = sum(int(offset) for (source, _), offset in cut.items() if source == "words")
+        replies = record["replies"]
+        if answer is echo:
+            assert set(replies) == {"count/0", "count/1"}
+            assert sorted(kg for r in replies.values() for kg in r["key_groups"]) == list(range(12))
+            assert all(r["args"] == {"who": "test"} and r["version"] == record["version"] for r in replies.values())
+            read = sum(r["records"] for r in replies.values())
+        else:
+            assert set(replies) == {"tag/0", "tag/1"}
+            read = sum(n for r in replies.values() for n in r["records"].values())
+        assert read == emitted > 0, (read, cut)
+        records.append(record)
+    rows = json.loads(state.stdout)["replies"]
+    assert sum(n for r in rows.values() for n in r["rows"].values()) > 0
+    assert "tag/0: ValueError: asked to fail on instance 0" in fail.stderr
+    assert "--event: the job has no handler 'flush'" in unknown.stderr
+    assert [r["event"]["name"] for r in report["control_events"]] == ["echo", "load", "state", "fail"]

@@ -43,3 +43,17 @@ def test_a_refused_field_is_named_and_nothing_is_asked_for(deployed, redis_serve
     assert "spec.stages[count].window: refused (the window_aggregate state depends on it" in out.out
     assert "nothing applied" in out.err
     assert deployed.next_reconfigure_request() is None
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--operator", "nope", "--event", "load"], "--operator: no operator 'nope' (operators: words, tag, count"),
+    (["--operator", "count", "--event", "flush"], "--event: the job has no handler 'flush' (spec.controlHandlers "
+                                                  "and built-ins: load, state)"),
+    (["--operator", "count", "--event", "load", "--arg", "oops"], "--arg: 'oops' is not key=value"),
+])
+def test_a_control_event_the_job_cannot_take_is_refused_before_it_is_sent(deployed, redis_server, capsys, args,
+                                                                          message):
+    code = main(["control", "--job", "reconfigured", *args, "--redis-url", redis_server.url])
+    assert code == 2
+    assert message in capsys.readouterr().err
+    assert deployed.next_control_request() is None

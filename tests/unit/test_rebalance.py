@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from streamjobs_core.control import ControlEvent, ControlRecord
 from streamjobs_core.jobstore import MemoryJobStore
 from streamjobs_core.keygroups import Assignment
 from streamjobs_core.rebalance import balanced, measure
@@ -36,21 +37,36 @@ def test_an_even_load_moves_nothing():
     assert balanced(current, (5.0, 5.0, 5.0, 5.0)).owners == current.owners
 
 
-def test_load_is_records_delivered_per_second_over_the_window():
+def test_load_is_records_read_per_second_between_two_load_events():
     plan = control_plan()
-    store = MemoryJobStore()
-    store.deploy(plan)
     op = "agg"
-    upstream = plan.edges_in(op)[0].upstream
+    counts = iter([{2: 100, 5: 100}, {2: 600, 5: 200}])
+    sent: list[ControlEvent] = []
 
-    def sleep(_: float) -> None:
-        store.delivered[(upstream, op, 2)] = 500
-        store.delivered[(upstream, op, 5)] = 100
+    def deliver(event: ControlEvent) -> ControlRecord:
+        sent.append(event)
+        records = dict.fromkeys(range(12), 0) | next(counts)
+        halves = {"agg/0": range(6), "agg/1": range(6, 12)}
+        return ControlRecord(event, len(sent), {
+            i: {"records": {str(kg): records[kg] for kg in kgs}} for i, kgs in halves.items()})
 
-    load = measure(store, plan, op, 1.0, sleep)
-    assert load[2] == pytest.approx(5 * load[5]) and load[5] > 0 and load[0] == 0
+    clock = iter([0.0, 2.0]).__next__
+    load = measure(deliver, plan, op, 2.0, sleep=lambda _: None, clock=clock)
+    assert [(e.operator, e.name) for e in sent] == [(op, "load")] * 2
+    assert load[2] == 250.0 and load[5] == 50.0 and load[0] == 0
     with pytest.raises(ValueError, match="reads no streams"):
-        measure(store, plan, upstream, 1.0, sleep)
+        measure(deliver, plan, plan.edges_in(op)[0].upstream, 1.0, sleep=lambda _: None)
+
+
+def test_a_load_event_that_fails_somewhere_is_not_taken_for_no_load():
+    plan = control_plan()
+
+    def deliver(event: ControlEvent) -> ControlRecord:
+        return ControlRecord(event, 1, {"agg/0": {"records": {str(kg): 1 for kg in range(6)}},
+                                        "agg/1": {"error": "KeyError: 3"}})
+
+    with pytest.raises(RuntimeError, match="agg/1 failed to answer the load event: KeyError: 3"):
+        measure(deliver, plan, "agg", 1.0, sleep=lambda _: None)
 
 
 def test_a_rescale_to_chosen_owners_moves_exactly_those_key_groups_and_resumes_with_them():

@@ -48,7 +48,8 @@ class _Stream:
     cursor: bytes
     upstream_watermarks: np.ndarray
     passed: np.ndarray  # per upstream key group: the last plan version whose barrier it passed
-    read_records: int = 0
+    read_records: int = 0  # since the last commit
+    post_records: int = 0  # of those, written after their producers' reconfiguration barriers
     changed: bool = False
     marker: int | None = None  # parked at a handover marker naming this new owner
     post_watermarks: np.ndarray | None = None  # advanced by what producers wrote after their barriers
@@ -182,6 +183,7 @@ class StreamInput:
             if s.post_watermarks is not None:
                 np.maximum(s.upstream_watermarks, s.post_watermarks, out=s.upstream_watermarks)
                 s.post_watermarks = None
+            s.post_records = 0
         self.version = version
         self.aligning_since = None
 
@@ -273,6 +275,8 @@ class StreamInput:
                 part.tables.setdefault(stream.edge.upstream, []).append(entry.table)
                 part.records += entry.table.num_rows
                 stream.read_records += entry.table.num_rows
+                if part is not batch:
+                    stream.post_records += entry.table.num_rows
 
     def _pass(self, stream: _Stream, entry) -> None:
         if entry.barrier <= self.version:
@@ -310,6 +314,15 @@ class StreamInput:
                 txn.hincrby(keys.consumed(edge.upstream, edge.downstream), str(stream.kg), stream.read_records)
             stream.changed = False
             stream.read_records = 0
+
+    def records_read(self) -> dict[int, int]:
+        """Per owned key group: the records read from its streams so far, committed or in the batch's part
+        before the reconfiguration barriers (what a control event's sync point has seen)."""
+        upstreams = [e.upstream for e in self._plan.edges_in(self._op)]
+        out = self._jobs.consumed(upstreams, self._op, sorted({s.kg for s in self._streams.values()}))
+        for s in self._streams.values():
+            out[s.kg] += s.read_records - s.post_records
+        return out
 
     def lag(self) -> dict[tuple[str, int], int]:
         """Records produced into each owned stream and not yet consumed, per (upstream, kg)."""

@@ -23,7 +23,7 @@ import threading
 import time
 
 import redis
-from streamjobs_core.control import InstanceAddress
+from streamjobs_core.control import InstanceAddress, as_text
 from streamjobs_core.jobstore import RedisJobStore
 from streamjobs_core.keygroups import runs
 from streamjobs_core.plan import JobPlan, edge_totals
@@ -31,8 +31,9 @@ from streamjobs_core.reconfigure import plan_in_force
 from streamjobs_core.spec import STATEFUL_TYPES
 from streamjobs_core.watermarks import MAX_WATERMARK, MIN_WATERMARK
 
-from . import phases, recovery
+from . import controlhandlers, phases, recovery
 from .chain import OperatorChain, dead_letter
+from .controlhandlers import ControlContext
 from .inputs import Input, InputBatch, StreamInput
 from .metrics import WorkerMetrics
 from .outputs import OutputRouter
@@ -218,9 +219,21 @@ class Worker:
         if self.is_source:
             self.jobs.record_cut(txn, self.op, version, self.input.offsets())
         self.jobs.record_aligned(txn, self.op, self.instance, version, held_ms)
+        if plan.control is not None and plan.control.operator in self.chain.chain.operators:
+            self._answer(plan, txn)
         self.input.switch(version)
         txn.after_commit.append(lambda: log.info("%s/%d switched to plan version %d (input held back %.0f ms)",
                                                  self.op, self.instance, version, held_ms))
+
+    def _answer(self, plan: JobPlan, txn: Transaction) -> None:
+        """Run the control event `plan` carries at this sync point; its reply commits with the switch."""
+        event = plan.control
+        offsets = {p: as_text(o) if isinstance(o, bytes) else str(o) for p, o in self.input.offsets().items()} \
+            if self.is_source else {}
+        context = ControlContext(event.operator, self.instance, plan.version, event.args, self.owned,
+                                 self.input.key_group_watermarks(), {} if self.is_source else self.input.records_read(),
+                                 offsets, self.store)
+        self.jobs.record_reply(txn, event.id, event.operator, self.instance, controlhandlers.reply(event, plan, context))
 
     def _post(self, post: InputBatch) -> InputBatch:
         """What producers wrote after their barriers, with the watermarks they wrote with it."""

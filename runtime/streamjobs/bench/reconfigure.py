@@ -216,7 +216,7 @@ class Rebalancer:
         window = self.steady_s / 2
         before = busy_shares(runtime.jobs, STAGE, window)
         current = runtime.jobs.assignment(STAGE)
-        balance = balanced(current, measure_load(runtime.jobs, runtime.plan, STAGE, window))
+        balance = balanced(current, measure_load(runtime.control, runtime.plan, STAGE, window))
         start = time.time() * 1000
         record = runtime.rescale(STAGE, current.parallelism, self.strategy, balance.owners)
         end = time.time() * 1000
