@@ -154,6 +154,25 @@ def _changed_fields(old: dict, new: dict) -> list[str]:
     return sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
 
 
+def holds_back(old: JobPlan, new: JobPlan, operators: tuple[str, ...]) -> bool:
+    """Whether instances running `operators` (a chain) must align on `new`'s barriers: hold back what each
+    producer wrote after its barrier until every producer passed one. Only when one of them, or an operator
+    downstream of them, computes differently under `new` or is its control event's target. Elsewhere a record
+    is processed the same under either plan, and no operator downstream tells the two apart, so an instance
+    reads through its barriers and switches once the last has passed, holding nothing back (Flink's aligned
+    checkpoints hold every channel; a reconfiguration needs to hold only where the cut shows)."""
+    affected = {op.name for op in new.spec.operators if op != old.spec.operator(op.name)}
+    if new.control is not None:
+        affected.add(new.control.operator)
+    reach, frontier = set(operators), list(operators)
+    while frontier:
+        for consumer in new.spec.consumers(frontier.pop()):
+            if consumer.name not in reach:
+                reach.add(consumer.name)
+                frontier.append(consumer.name)
+    return bool(reach & affected)
+
+
 def plan_in_force(store: JobStore, plan: JobPlan, op: str, owned: tuple[int, ...]) -> JobPlan:
     """The plan version the key groups (source partitions) `owned` of chain head `op` switched to last: what a
     (re)starting instance of them runs. They switch together, in one instance's commit."""
@@ -293,4 +312,4 @@ def _with_parallelism(job: StreamJob, running: StreamJob) -> StreamJob:
 
 
 __all__ = ["Change", "How", "Reconfiguration", "ReconfigureController", "Refused", "ask", "diff",
-           "plan_in_force"]
+           "holds_back", "plan_in_force"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from typing import Any
 
 import kopf
@@ -85,13 +86,26 @@ def create(body: kopf.Body, memo: kopf.Memo, **_: Any) -> str | None:
     return _run(body, memo, lambda ctx: reconcile.deploy(ctx, body))
 
 
-@kopf.on.update(*RESOURCE, field="spec")
-def update(body: kopf.Body, memo: kopf.Memo, **_: Any) -> str | None:
+def _reporter(body: kopf.Body):
     def report(reason: str, record: dict) -> None:
         # kopf.event, not kopf.info: posting.level (WARNING, against per-handler noise) filters the latter.
         kopf.event(body, type="Normal", reason=reason, message=json.dumps(record, sort_keys=True))
 
-    return _run(body, memo, lambda ctx: reconcile.update(ctx, body, report))
+    return report
+
+
+def _changing(memo: kopf.Memo) -> threading.Lock:
+    """Held while the job changes (an edit, a control event, a rebalance): timers run beside the change
+    handlers, and the controllers take one change of a job at a time."""
+    if "changing" not in memo:
+        memo["changing"] = threading.Lock()
+    return memo["changing"]
+
+
+@kopf.on.update(*RESOURCE, field="spec")
+def update(body: kopf.Body, memo: kopf.Memo, **_: Any) -> str | None:
+    with _changing(memo):
+        return _run(body, memo, lambda ctx: reconcile.update(ctx, body, _reporter(body)))
 
 
 @kopf.on.resume(*RESOURCE)
@@ -117,6 +131,23 @@ def delete(body: kopf.Body, memo: kopf.Memo, retry: int, **_: Any) -> None:
         kopf.warn(body, reason="CleanupFailed", message=f"the job's Redis keys may remain: {exc}")
         return
     log.info("removed %d Redis keys of %s", deleted, body["metadata"]["name"])
+
+
+@kopf.timer(*RESOURCE, interval=SETTINGS.requests_interval_s, initial_delay=1.0)
+def requests(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """Carry out what `streamjobs control` and `streamjobs rebalance` asked for through the job's Redis."""
+    if (body.get("status") or {}).get("phase") not in (status.RUNNING, status.RESCALING, status.RECONFIGURING):
+        return
+    lock = _changing(memo)
+    if not lock.acquire(blocking=False):
+        return  # an edit is being applied: next tick
+    try:
+        ctx = _context(body, memo)
+        if ctx is not None:
+            reconcile.handle_requests(ctx, _reporter(body),
+                                      lambda message: kopf.warn(body, reason="Rejected", message=message))
+    finally:
+        lock.release()
 
 
 @kopf.timer(*RESOURCE, interval=SETTINGS.status_interval_s, initial_delay=1.0)

@@ -233,6 +233,38 @@ def resume_rescale(ctx: JobContext) -> dict | None:
         return None if record is None else record.as_dict()
 
 
+def handle_requests(ctx: JobContext, report: Callable[[str, dict], None] = lambda reason, record: None,
+                    reject: Callable[[str], None] = lambda message: None) -> None:
+    """What `streamjobs control` and `streamjobs rebalance` left in the job's Redis: control events are
+    delivered at a sync point, a rebalance's moves (same parallelism, chosen owners) are made. Parallelism and
+    the spec are the resource's to say: a request to change them is rejected (the CLI refuses to send one for
+    an operator-owned job; this drops what an older CLI sent)."""
+    with ctx.redis() as r:
+        plan = store.read_plan(r, ctx.owner.name)
+        if plan is None:
+            return
+        jobs = RedisJobStore(r, plan.name)
+        while (event := jobs.next_control_request()) is not None:
+            record = ReconfigureController(jobs, ctx.settings.ready_timeout_s).deliver(event)
+            if record.version is not None:
+                _publish_plan(ctx, jobs.plan())
+            report("ControlEvent", record.as_dict())
+        while (request := jobs.next_rescale_request()) is not None:
+            op = plan.head(request.operator)
+            if request.owners is None or request.parallelism != jobs.assignment(op).parallelism:
+                reject(f"a rescale of {request.operator} to {request.parallelism} asked through Redis: edit "
+                       "the StreamJob's parallelism instead")
+                continue
+            ctx.status.phase(status.RESCALING, f"rebalancing {op}")
+            record = _controller(r, plan, ctx.fleet()).rescale(op, request.parallelism, request.strategy,
+                                                               request.owners)
+            ctx.status.patch(lastRescale=record.as_dict())
+            ctx.status.phase(status.RUNNING)
+            report("Rebalanced", record.as_dict())
+        while (asked := jobs.next_reconfigure_request()) is not None:
+            reject(f"a reconfiguration asked through Redis (request {asked.id}): kubectl apply the StreamJob instead")
+
+
 def _controller(r, plan: JobPlan, fleet: KubernetesFleet) -> RescaleController:
     return RescaleController(RedisJobStore(r, plan.name), plan, fleet, standby_timeout_s=fleet.timeout_s)
 
@@ -289,5 +321,5 @@ def refresh_status(ctx: JobContext, last_flow: tuple[float, int] | None = None) 
     return operators, reading
 
 
-__all__ = ["JobContext", "NotReady", "SpecError", "UnsupportedChange", "cleanup", "deploy", "job_of",
-           "reconfigure", "refresh_status", "rescale", "resume_rescale", "update"]
+__all__ = ["JobContext", "NotReady", "SpecError", "UnsupportedChange", "cleanup", "deploy", "handle_requests",
+           "job_of", "reconfigure", "refresh_status", "rescale", "resume_rescale", "update"]

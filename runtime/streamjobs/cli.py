@@ -74,6 +74,15 @@ def _running_job(args):
     return store, plan
 
 
+def _managed(store, job: str) -> bool:
+    """Whether the kopf operator runs the job: then its resource's spec says its parallelism and logic."""
+    if store.deployed_by() is None:
+        return False
+    print(f"--job: '{job}' is run by the StreamJob operator: change its parallelism or spec with "
+          "kubectl apply", file=sys.stderr)
+    return True
+
+
 def _running_operator(args):
     """(job store, plan) of --job in --redis-url, which has an --operator; or the exit code after saying why."""
     found = _running_job(args)
@@ -139,6 +148,8 @@ def _rescale(args) -> int:
     from streamjobs_core.control import RescaleRequest
 
     store, plan = found
+    if _managed(store, args.job):
+        return 2
     spec = plan.spec
     if not 1 <= args.parallelism <= spec.max_parallelism:
         print(f"--parallelism: must be in [1, {spec.max_parallelism}] (maxParallelism)", file=sys.stderr)
@@ -164,6 +175,8 @@ def _reconfigure(args) -> int:
     if found is None:
         return 1
     store, plan = found
+    if _managed(store, args.job):
+        return 2
     changes = diff(plan.job, job)
     for line in changes.lines():
         print(line)

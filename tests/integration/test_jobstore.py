@@ -148,3 +148,25 @@ def test_plan_versions_switches_cuts_and_reconfiguration_records(store):
     request = ReconfigureRequest('{"kind": "StreamJob"}', "req-2")
     store.request_reconfigure(request)
     assert store.next_reconfigure_request() == request and store.next_reconfigure_request() is None
+
+
+def test_control_events_their_replies_and_records(store):
+    from dataclasses import replace
+
+    from streamjobs_core.control import ControlEvent, ControlRecord, ReconfigureRecord, ReconfigureState
+
+    plan = control_plan()
+    store.deploy(plan)
+    event = ControlEvent("e-1", "agg", "load", {"k": "v"})
+    store.request_control(event)
+    assert store.next_control_request() == event and store.next_control_request() is None
+    carrying = replace(plan, version=1, control=event)
+    store.publish_plan(carrying, ReconfigureState(1, 1.0, ("control load -> agg",), "e-1"))
+    assert store.plan() == carrying and store.plan().control == event
+    txn = Transaction()
+    store.record_reply(txn, "e-1", "agg", 1, json.dumps({"records": {"6": 3}}))
+    commit(store, txn)
+    assert store.replies("e-1") == {"agg/1": {"records": {"6": 3}}}
+    record = ControlRecord(event, 1, store.replies("e-1"), 0.4, 2.0)
+    store.end_reconfigure(ReconfigureRecord(1, ("control load -> agg",), "e-1"), record)
+    assert store.control_history() == [record] and store.reconfigure_state() is None

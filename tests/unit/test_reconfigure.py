@@ -6,10 +6,11 @@ from pathlib import Path
 
 import pytest
 from streamjobs_core.codec import decode, encode_barrier
+from streamjobs_core.control import ControlEvent
 from streamjobs_core.jobstore import MemoryJobStore
 from streamjobs_core.loading import load_job
 from streamjobs_core.plan import JobPlan
-from streamjobs_core.reconfigure import How, ReconfigureController, Refused, diff, plan_in_force
+from streamjobs_core.reconfigure import How, ReconfigureController, Refused, diff, holds_back, plan_in_force
 
 pytestmark = pytest.mark.unit
 
@@ -173,3 +174,16 @@ def test_an_external_record_takes_the_version_of_the_last_cut_its_entry_follows(
     assert _versions_of(ids, 0, "in", cuts) == [0, 0, 1, 1, 2, 2]
     with pytest.raises(Unverifiable, match="partition 1 never switched to plan version 1"):
         _versions_of(ids, 1, "in", cuts)
+
+
+def test_only_operators_at_or_upstream_of_a_change_hold_back_after_their_barriers():
+    old = JobPlan(job(), 0)
+    swapped = JobPlan(edited(job(), tag__query="SELECT word, event_time, 'v1' AS tag FROM input"), 0, 1)
+    holding = {op: holds_back(old, swapped, (op,)) for op in ("words", "tag", "count", "tagged", "counts")}
+    assert holding == {"words": True, "tag": True, "count": False, "tagged": False, "counts": False}
+    asked = JobPlan(job(), 0, 1, ControlEvent("e", "count", "load", {}))
+    assert [op for op in ("words", "tag", "count", "tagged", "counts") if holds_back(old, asked, (op,))] == [
+        "words", "tag", "count"]
+    batching = JobPlan(edited(job(), batching__maxWaitMs=7), 0, 1)
+    assert not any(holds_back(old, batching, (op,)) for op in ("words", "tag", "count", "tagged", "counts"))
+

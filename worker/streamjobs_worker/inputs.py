@@ -16,15 +16,17 @@ group with its next commit; the new owner reads on from the marker.
 
 A reconfiguration barrier (reconfigure.py) does not park its stream: several
 producers share a stream, and one's barrier may precede another's older
-records. What a producer wrote after its barrier goes to the batch's `post`
-part, with its watermarks kept apart, until every producer of every owned
-stream passed the barrier (`aligned`); the worker then processes the two
-parts under the two plans in one commit.
+records. Where the change shows (`reconfigure.holds_back`), what a producer
+wrote after its barrier goes to the batch's `post` part, with its watermarks
+kept apart, until every producer of every owned stream passed the barrier
+(`aligned`); the worker then processes the two parts under the two plans in
+one commit. Elsewhere it reads through, and switches once the last passed.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -117,7 +119,8 @@ class Input(Protocol):
         """The input watermark of every owned key group."""
 
     version: int  # the plan version the instance runs
-    aligning_since: float | None  # set while the instance holds its input back for a reconfiguration
+    aligning_since: float | None  # when the first barrier of the next plan version was read
+    holding: bool  # whether what producers wrote after their barriers is held back until every one passed
 
     def aligned(self) -> int | None:
         """The plan version to switch to with the next commit, if the instance is due to (reconfigure.py)."""
@@ -128,14 +131,16 @@ class Input(Protocol):
 
 class StreamInput:
     def __init__(self, r: redis.Redis, store: JobStore, plan: JobPlan, op: str, instance: int,
-                 owned: tuple[int, ...]) -> None:
+                 owned: tuple[int, ...], holds: Callable[[int], bool] = lambda version: True) -> None:
         self._r = r
         self._jobs = store
         self._plan = plan
         self._op = op
         self._instance = instance
+        self._holds = holds  # whether the switch to a version must hold back what follows its barriers
         self.version = plan.version  # the plan this instance runs
         self.aligning_since: float | None = None  # when the first barrier of the next version was read
+        self.holding = False
         self._streams: dict[str, _Stream] = {}
         self._add(owned)
 
@@ -186,6 +191,7 @@ class StreamInput:
             s.post_records = 0
         self.version = version
         self.aligning_since = None
+        self.holding = False
 
     def _load(self, names: list[str]) -> None:
         if not names:
@@ -265,7 +271,7 @@ class StreamInput:
                 continue
             part, marks = batch, stream.upstream_watermarks
             # Only once a barrier of the next version was read can an entry follow one (the usual case skips it).
-            if self.aligning_since is not None and entry.runs and all(
+            if self.holding and entry.runs and all(
                     stream.passed[lo : hi + 1].min() > self.version for lo, hi in entry.runs):
                 part, marks = self._after_barrier(stream, batch)
             for lo, hi in entry.runs:
@@ -283,6 +289,7 @@ class StreamInput:
             return  # met again after a restart: this instance switched past it
         if self.aligning_since is None:
             self.aligning_since = time.monotonic()
+            self.holding = self._holds(entry.barrier)
         for lo, hi in entry.runs:
             view = stream.passed[lo : hi + 1]
             np.maximum(view, entry.barrier, out=view)

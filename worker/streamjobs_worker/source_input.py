@@ -39,6 +39,7 @@ class SourceInput:
         self.version = plan.version  # the plan this instance runs
         self._asked_version = plan.version  # the version a reconfiguration in progress asks for
         self.aligning_since: float | None = None  # a source has no barriers to wait for
+        self.holding = False
         self._shed_log: list[tuple[dict, int]] = []  # shed log entries and counts of the batch, not committed yet
 
     def restore(self) -> None:

@@ -27,7 +27,7 @@ from streamjobs_core.control import InstanceAddress, as_text
 from streamjobs_core.jobstore import RedisJobStore
 from streamjobs_core.keygroups import runs
 from streamjobs_core.plan import JobPlan, edge_totals
-from streamjobs_core.reconfigure import plan_in_force
+from streamjobs_core.reconfigure import holds_back, plan_in_force
 from streamjobs_core.spec import STATEFUL_TYPES
 from streamjobs_core.watermarks import MAX_WATERMARK, MIN_WATERMARK
 
@@ -86,7 +86,7 @@ class Worker:
             plan.spec.state.backend, self.owned, state_directory(plan, op, instance, assignment.epoch))
         self.is_source = self.spec in plan.spec.sources
         self.input: Input = (SourceInput(r, jobs, plan, op, self.owned, self.metrics) if self.is_source
-                             else StreamInput(r, jobs, plan, op, instance, self.owned))
+                             else StreamInput(r, jobs, plan, op, instance, self.owned, self._holds_back))
         self.chain = OperatorChain(plan, chain, instance, self.store, self.metrics, r)
         edges = plan.edges_out(chain.tail)
         self.router = OutputRouter(plan, chain.tail, runs(self.owned)) if edges else None
@@ -152,7 +152,7 @@ class Worker:
         releases = self._handovers()
         switch_to = self.input.aligned()
         due = self.pacing.due(batch, bool(releases) or switch_to is not None, time.monotonic())
-        if switch_to is None and self.input.aligning_since is not None:
+        if switch_to is None and self.input.holding:
             return  # holding back until every producer passed its reconfiguration barrier
         if not due:
             self._take_over()
@@ -165,10 +165,17 @@ class Worker:
         watermark = self._process(batch, txn)
         records = batch.records
         if switch_to is not None:
-            self._switch(switch_to, txn)
+            before_ms = (time.monotonic() - began) * 1000
+            held_ms = self._switch(switch_to, txn)
+            switched = time.monotonic()
             if batch.post is not None:
                 watermark = self._process(self._post(batch.post), txn)
                 records += batch.post.records
+            after = (batch.post.records if batch.post else 0, (time.monotonic() - switched) * 1000)
+            txn.after_commit.append(lambda: log.info(
+                "%s/%d switched to plan version %d: input held back %.0f ms; %d records before the cut took %.0f "
+                "ms, %d after it %.0f ms", self.op, self.instance, switch_to, held_ms, batch.records, before_ms,
+                *after))
         self.input.add_progress(txn)
         self._end_of_input(watermark, txn)
         with phases.phase("commit"):
@@ -201,11 +208,11 @@ class Worker:
 
     # --- live reconfiguration (streamjobs_core.reconfigure) ----------------------
 
-    def _switch(self, version: int, txn: Transaction) -> None:
+    def _switch(self, version: int, txn: Transaction) -> float:
         """Between the batch's part under the old plan and its part under `version`: barriers downstream, then
         the new plan, and the switch of the owned key groups (a source's: with their offsets, the cut)
-        recorded in the same commit."""
-        held_ms = 0.0 if self.input.aligning_since is None else (time.monotonic() - self.input.aligning_since) * 1000
+        recorded in the same commit. Returns how long the input was held back for it (ms)."""
+        held_ms = (time.monotonic() - self.input.aligning_since) * 1000 if self.input.holding else 0.0
         if self.router is not None:
             self.router.barrier(version, txn)
         plan = self.jobs.plan_version(version)
@@ -222,8 +229,10 @@ class Worker:
         if plan.control is not None and plan.control.operator in self.chain.chain.operators:
             self._answer(plan, txn)
         self.input.switch(version)
-        txn.after_commit.append(lambda: log.info("%s/%d switched to plan version %d (input held back %.0f ms)",
-                                                 self.op, self.instance, version, held_ms))
+        return held_ms
+
+    def _holds_back(self, version: int) -> bool:
+        return holds_back(self.plan, self.jobs.plan_version(version), self.chain.chain.operators)
 
     def _answer(self, plan: JobPlan, txn: Transaction) -> None:
         """Run the control event `plan` carries at this sync point; its reply commits with the switch."""
@@ -249,7 +258,7 @@ class Worker:
                                     self.pacing.source_wait_ms(self.input.behind, time.monotonic()))
             return batch, batch.waited_s
         # Holding back for barriers, the batch is due when they arrive, not by time.
-        holding = self.input.aligning_since is not None
+        holding = self.input.holding
         block_ms = self.pacing.wait_ms(None if holding else self._pending, time.monotonic())
         read = self.input.read(self._entries_per_stream, block_ms)
         batch = read
