@@ -157,6 +157,11 @@ class JobStore(Protocol):
     def registered(self) -> dict[tuple[str, int], str]: ...
     def request_stop(self) -> None: ...
     def stop_requested(self) -> bool: ...
+    def request_suspend(self) -> None:
+        """Stop at the last commits without draining (`streamjobs stop`): the job goes on later from there."""
+    def suspend_requested(self) -> bool: ...
+    def resumed(self) -> None:
+        """A suspended job runs again."""
     def forget_processes(self, ops: Iterable[str]) -> None:
         """What the processes of an earlier run said of themselves (endpoints, warm spares): a run that goes on
         after they died starts new ones."""
@@ -489,6 +494,15 @@ class RedisJobStore:
     def stop_requested(self) -> bool:
         return self.r.hget(self.keys.control, "stop") is not None
 
+    def request_suspend(self) -> None:
+        self.r.hset(self.keys.control, "suspend", "1")
+
+    def suspend_requested(self) -> bool:
+        return self.r.hget(self.keys.control, "suspend") is not None
+
+    def resumed(self) -> None:
+        self.r.hdel(self.keys.control, "suspend")
+
     def forget_processes(self, ops: Iterable[str]) -> None:
         self.r.delete(self.keys.metrics_endpoints, *(self.keys.spares(op) for op in ops))
 
@@ -559,6 +573,7 @@ class MemoryJobStore:
         self._demotions: dict[tuple[str, int], str] = {}
         self._registered: dict[tuple[str, int], str] = {}
         self._stop = False
+        self._suspend = False
         self._partitions: dict[tuple[str, int], tuple[PartitionProgress | None, int | None]] = {}
         self._streams: dict[tuple[str, str], tuple[bytes | None, Runs | None]] = {}
         self._plans: dict[int, JobPlan] = {}
@@ -794,6 +809,15 @@ class MemoryJobStore:
 
     def stop_requested(self) -> bool:
         return self._stop
+
+    def request_suspend(self) -> None:
+        self._suspend = True
+
+    def suspend_requested(self) -> bool:
+        return self._suspend
+
+    def resumed(self) -> None:
+        self._suspend = False
 
     def forget_processes(self, ops: Iterable[str]) -> None:
         self._registered.clear()

@@ -193,6 +193,30 @@ def _reconfigure(args) -> int:
                    args.wait)
 
 
+def _stop(args) -> int:
+    import time
+
+    found = _running_job(args)
+    if found is None:
+        return 1
+    store, _ = found
+    if store.deployed_by() is not None:
+        print(f"--job: '{args.job}' is run by the StreamJob operator: set spec.suspend, or delete the StreamJob",
+              file=sys.stderr)
+        return 2
+    (store.request_stop if args.drain else store.request_suspend)()
+    deadline = time.monotonic() + args.wait
+    while store.registered():  # each worker unregisters once it stopped after its last commit
+        if time.monotonic() > deadline:
+            print(f"asked; workers still running after {args.wait:.0f} s", file=sys.stderr)
+            return 1
+        time.sleep(0.2)
+    print(f"{args.job}: " + ("drained and stopped: it ended" if args.drain else
+                             f"stopped at its last commits; `streamjobs run <file> --redis-url {args.redis_url}` "
+                             "goes on from there"))
+    return 0
+
+
 def _control(args) -> int:
     import uuid
 
@@ -369,6 +393,14 @@ def main(argv: list[str] | None = None) -> int:
     reconfigure.add_argument("--dry-run", action="store_true", help="print what would change and how; apply nothing")
     reconfigure.add_argument("--wait", type=float, default=180.0, help="seconds to wait for the change to finish")
     reconfigure.set_defaults(func=_reconfigure)
+
+    stop = sub.add_parser("stop", help="stop a job `streamjobs run --redis-url` runs: at its last commits, to go on "
+                          "later from there; with --drain, after firing every window (it then ends)")
+    stop.add_argument("--job", required=True)
+    stop.add_argument("--redis-url", required=True, help="as printed by `streamjobs run`")
+    stop.add_argument("--drain", action="store_true", help="stop the sources, fire every open window, then stop")
+    stop.add_argument("--wait", type=float, default=120.0, help="seconds to wait for every worker to stop")
+    stop.set_defaults(func=_stop)
 
     control = sub.add_parser(
         "control", help="deliver a control event in-band to every instance of an operator; print their replies")

@@ -150,6 +150,7 @@ class LocalRuntime:
         changes = diff(running.job, self.job)
         if changes.refused:
             raise Refused(changes.refused)
+        self.jobs.resumed()
         wanted, self.job, self.plan = self.job, running.job, running
         self.jobs.forget_processes(running.vertices)
         self.parallelism = {op: (self.jobs.assignment(op) or running.initial_assignment(op)).parallelism

@@ -47,7 +47,8 @@ def run_job(
     """
     console = console or Console()
     with contextlib.ExitStack() as stack:
-        if redis_url is None:
+        own_redis = redis_url is None  # the run's own redis-server: it goes when the run ends
+        if own_redis:
             redis_url = stack.enter_context(RedisServer()).url
         logs = Path(log_dir or tempfile.mkdtemp(prefix=f"streamjobs-{job.metadata.name}-"))
         runtime = LocalRuntime(job, redis_url, logs)
@@ -60,6 +61,8 @@ def run_job(
         view = LiveView(runtime.r, runtime.plan, runtime.parallelism)
         autoscaler, events = local_autoscaler(runtime, console)
         interrupted = _run_live(runtime, view, console, duration_s, during, started, autoscaler)
+        if runtime.jobs.suspend_requested():
+            return _suspend(runtime, console, time.monotonic() - started, logs, report_path, own_redis)
         if not interrupted:
             _resume_rescale(runtime, console)  # a controller that died in the last tick left it half done
         stopped_ms = int(time.time() * 1000)
@@ -106,6 +109,26 @@ def run_job(
         return result
 
 
+def _suspend(runtime, console, elapsed: float, logs: Path, report_path: str | None, own_redis: bool) -> dict:
+    """`streamjobs stop` without --drain: every worker stops after its current commit, and the job's state,
+    offsets and open windows stay in Redis for `streamjobs run --redis-url` to go on from (nothing is fired
+    or verified: the output is whole only once the job has drained)."""
+    runtime.shutdown()
+    result = {"job": runtime.plan.name, "duration_s": round(elapsed, 2), "suspended": True,
+              "restarts": runtime.restarts(), "operators": reporting.committed_counts(runtime.r, runtime.plan),
+              "reconfigurations": [record.as_dict() for record in runtime.jobs.reconfigure_history()]}
+    report = Path(report_path) if report_path else logs / "report.json"
+    report.parent.mkdir(parents=True, exist_ok=True)
+    report.write_text(json.dumps(result, indent=2))
+    if own_redis:
+        console.print(f"suspended, but in the run's own Redis, which ends with it: nothing to go on from. Run with "
+                      f"--redis-url to suspend and resume. Report: {report}")
+    else:
+        console.print(f"suspended at its last commits: `streamjobs run <file> --redis-url {runtime.redis_url}` "
+                      f"goes on from there. Report: {report}")
+    return result
+
+
 def _run_live(runtime, view, console, duration_s, during, started, autoscaler) -> bool:
     deadline = None if duration_s is None else started + duration_s
     live_table = console.is_terminal
@@ -118,6 +141,8 @@ def _run_live(runtime, view, console, duration_s, during, started, autoscaler) -
                 try:
                     if _tick(runtime, console, autoscaler):
                         return False  # bounded sources have finished
+                    if runtime.jobs.suspend_requested():
+                        return False
                     rows = view.rows()
                 except redis.ConnectionError as exc:  # BusyLoadingError too: Redis replays its AOF
                     # The workers die and are restarted from their commits; the runtime waits it out.

@@ -49,3 +49,32 @@ def test_a_run_killed_with_its_workers_goes_on_exactly_and_a_drained_one_ends(re
     _, stderr = third.communicate(timeout=60)
     assert third.returncode == 2 and "was stopped and drained: it ended. --fresh starts it anew" in stderr
     jobs.clear(keep_input=False)
+
+
+def test_a_job_stopped_without_draining_goes_on_from_its_last_commits_exactly(redis_server, tmp_path):
+    """`streamjobs stop` (no --drain): every worker stops after its last commit, with windows still open; the
+    next `streamjobs run --redis-url` goes on from there, and the output of both runs is exact."""
+    r = redis.Redis.from_url(redis_server.url)
+    jobs = RedisJobStore(r, "wordcount-small")
+    jobs.clear(keep_input=False)
+    first = _run(redis_server.url, "--fresh")
+    out = jobs.keys.output_stream("counts")
+    deadline = time.monotonic() + 120
+    while r.xlen(out) < 300:
+        assert first.poll() is None and time.monotonic() < deadline, first.communicate()
+        time.sleep(0.5)
+    stop = subprocess.run([sys.executable, "-m", "streamjobs.cli", "stop", "--job", "wordcount-small", "--redis-url",
+                           redis_server.url], capture_output=True, text=True, timeout=180)
+    assert stop.returncode == 0 and "stopped at its last commits" in stop.stdout, stop.stderr
+    stdout, stderr = first.communicate(timeout=60)
+    assert first.returncode == 0 and "suspended at its last commits" in stdout, stderr
+    assert not jobs.registered() and not jobs.stop_requested()
+
+    report = tmp_path / "r.json"
+    second = _run(redis_server.url, "--duration", "15", "--report", str(report))
+    stdout, stderr = second.communicate(timeout=240)
+    assert second.returncode == 0 and "resumed wordcount-small from its last commits" in stdout, stderr
+    verification = json.loads(report.read_text())["verification"]
+    assert (verification["correct"], verification["lost"], verification["duplicated"]) == (True, 0, 0), verification
+    assert not jobs.suspend_requested()
+    jobs.clear(keep_input=False)
