@@ -83,6 +83,13 @@ def _managed(store, job: str) -> bool:
     return True
 
 
+def _running_job_args(parser, operator: bool) -> None:
+    parser.add_argument("--job", required=True)
+    if operator:
+        parser.add_argument("--operator", required=True)
+    parser.add_argument("--redis-url", required=True, help="as printed by `streamjobs run`")
+
+
 def _running_operator(args):
     """(job store, plan) of --job in --redis-url, which has an --operator; or the exit code after saying why."""
     found = _running_job(args)
@@ -396,28 +403,23 @@ def main(argv: list[str] | None = None) -> int:
 
     stop = sub.add_parser("stop", help="stop a job `streamjobs run --redis-url` runs: at its last commits, to go on "
                           "later from there; with --drain, after firing every window (it then ends)")
-    stop.add_argument("--job", required=True)
-    stop.add_argument("--redis-url", required=True, help="as printed by `streamjobs run`")
+    _running_job_args(stop, operator=False)
     stop.add_argument("--drain", action="store_true", help="stop the sources, fire every open window, then stop")
     stop.add_argument("--wait", type=float, default=120.0, help="seconds to wait for every worker to stop")
     stop.set_defaults(func=_stop)
 
     control = sub.add_parser(
         "control", help="deliver a control event in-band to every instance of an operator; print their replies")
-    control.add_argument("--job", required=True)
-    control.add_argument("--operator", required=True)
+    _running_job_args(control, operator=True)
     control.add_argument("--event", required=True, help="a handler name: spec.controlHandlers, or built in "
                          "(load: records read per key group; state: rows held per key group)")
     control.add_argument("--arg", action="append", default=[], metavar="KEY=VALUE", help="passed to the handler")
-    control.add_argument("--redis-url", required=True, help="as printed by `streamjobs run`")
     control.add_argument("--wait", type=float, default=180.0, help="seconds to wait for the replies")
     control.set_defaults(func=_control)
 
     rebalance = sub.add_parser(
         "rebalance", help="move key groups between an operator's instances by their measured load (same parallelism)")
-    rebalance.add_argument("--job", required=True)
-    rebalance.add_argument("--operator", required=True)
-    rebalance.add_argument("--redis-url", required=True, help="as printed by `streamjobs run`")
+    _running_job_args(rebalance, operator=True)
     rebalance.add_argument("--measure-s", type=float, default=10.0, help="seconds over which load is measured")
     rebalance.add_argument("--strategy", choices=STRATEGIES, default="batched", help="how the key groups move")
     rebalance.add_argument("--dry-run", action="store_true", help="print the shares before and after; move nothing")

@@ -20,16 +20,22 @@ def _run(redis_url: str, *args: str, **popen) -> subprocess.Popen:
                             text=True, **popen)
 
 
+def _first_run(redis_url: str, r, jobs) -> subprocess.Popen:
+    """A fresh run of the job, once it has written 300 results."""
+    jobs.clear(keep_input=False)
+    first = _run(redis_url, "--fresh")
+    deadline = time.monotonic() + 120
+    while r.xlen(jobs.keys.output_stream("counts")) < 300:
+        assert first.poll() is None and time.monotonic() < deadline, first.communicate()
+        time.sleep(0.5)
+    return first
+
+
 def test_a_run_killed_with_its_workers_goes_on_exactly_and_a_drained_one_ends(redis_server, tmp_path):
     r = redis.Redis.from_url(redis_server.url)
     jobs = RedisJobStore(r, "wordcount-small")
-    jobs.clear(keep_input=False)
-    first = _run(redis_server.url, "--fresh")
+    first = _first_run(redis_server.url, r, jobs)
     out = jobs.keys.output_stream("counts")
-    deadline = time.monotonic() + 120
-    while r.xlen(out) < 300:
-        assert first.poll() is None and time.monotonic() < deadline, first.communicate()
-        time.sleep(0.5)
     first.send_signal(signal.SIGKILL)  # the runtime dies; its workers die with it (parent.py)
     first.communicate()
     t0, before = jobs.plan().t0_ms, r.xlen(out)
@@ -56,13 +62,7 @@ def test_a_job_stopped_without_draining_goes_on_from_its_last_commits_exactly(re
     next `streamjobs run --redis-url` goes on from there, and the output of both runs is exact."""
     r = redis.Redis.from_url(redis_server.url)
     jobs = RedisJobStore(r, "wordcount-small")
-    jobs.clear(keep_input=False)
-    first = _run(redis_server.url, "--fresh")
-    out = jobs.keys.output_stream("counts")
-    deadline = time.monotonic() + 120
-    while r.xlen(out) < 300:
-        assert first.poll() is None and time.monotonic() < deadline, first.communicate()
-        time.sleep(0.5)
+    first = _first_run(redis_server.url, r, jobs)
     stop = subprocess.run([sys.executable, "-m", "streamjobs.cli", "stop", "--job", "wordcount-small", "--redis-url",
                            redis_server.url], capture_output=True, text=True, timeout=180)
     assert stop.returncode == 0 and "stopped at its last commits" in stop.stdout, stop.stderr
