@@ -25,10 +25,9 @@ class Settings:
     worker_service_account: str | None = None
     # How long a rescale waits for new pods to warm up (SparkSession start ~7 s, image pull first).
     ready_timeout_s: float = 600.0
-    # How often the status (current parallelism, epoch, rescale progress) is refreshed.
+    # How often the status (current parallelism, epoch, rescale progress) is refreshed and the job's Redis is
+    # checked for what `streamjobs control` and `streamjobs rebalance` asked.
     status_interval_s: float = 5.0
-    # How often the job's Redis is checked for control events and rebalances asked for (`streamjobs control`).
-    requests_interval_s: float = 1.0
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
@@ -42,5 +41,4 @@ class Settings:
             worker_service_account=env.get("STREAMJOBS_WORKER_SERVICE_ACCOUNT") or None,
             ready_timeout_s=float(env.get("STREAMJOBS_READY_TIMEOUT_S", defaults.ready_timeout_s)),
             status_interval_s=float(env.get("STREAMJOBS_STATUS_INTERVAL_S", defaults.status_interval_s)),
-            requests_interval_s=float(env.get("STREAMJOBS_REQUESTS_INTERVAL_S", defaults.requests_interval_s)),
         )

@@ -133,27 +133,21 @@ def delete(body: kopf.Body, memo: kopf.Memo, retry: int, **_: Any) -> None:
     log.info("removed %d Redis keys of %s", deleted, body["metadata"]["name"])
 
 
-@kopf.timer(*RESOURCE, interval=SETTINGS.requests_interval_s, initial_delay=1.0)
-def requests(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    """Carry out what `streamjobs control` and `streamjobs rebalance` asked for through the job's Redis."""
-    if (body.get("status") or {}).get("phase") not in (status.RUNNING, status.RESCALING, status.RECONFIGURING):
-        return
-    lock = _changing(memo)
-    if not lock.acquire(blocking=False):
-        return  # an edit is being applied: next tick
-    try:
-        ctx = _context(body, memo)
-        if ctx is not None:
-            reconcile.handle_requests(ctx, _reporter(body),
-                                      lambda message: kopf.warn(body, reason="Rejected", message=message))
-    finally:
-        lock.release()
-
-
 @kopf.timer(*RESOURCE, interval=SETTINGS.status_interval_s, initial_delay=1.0)
 def refresh(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    if (body.get("status") or {}).get("phase") in (None, status.INVALID, status.DEPLOYING):
+    """The status; and what `streamjobs control` and `streamjobs rebalance` asked for through the job's Redis."""
+    phase = (body.get("status") or {}).get("phase")
+    if phase in (None, status.INVALID, status.DEPLOYING):
         return
     ctx = _context(body, memo)
-    if ctx is not None:
-        _, memo["flow"] = reconcile.refresh_status(ctx, memo.get("flow"))
+    if ctx is None:
+        return
+    _, memo["flow"] = reconcile.refresh_status(ctx, memo.get("flow"))
+    lock = _changing(memo)
+    if phase not in (status.RUNNING, status.RESCALING, status.RECONFIGURING) or not lock.acquire(blocking=False):
+        return  # not running, or an edit is being applied: next tick
+    try:
+        reconcile.handle_requests(ctx, _reporter(body),
+                                  lambda message: kopf.warn(body, reason="Rejected", message=message))
+    finally:
+        lock.release()
