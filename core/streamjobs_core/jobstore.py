@@ -21,6 +21,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import Protocol
 
+from . import keycopy
 from .codec import encode_marker
 from .control import (
     ControlEvent,
@@ -176,6 +177,10 @@ class JobStore(Protocol):
     def streams(self, op: str, names: list[str]) -> list[tuple[bytes | None, Runs | None]]: ...
 
 
+class ChangeInProgress(RuntimeError):
+    """A rescale or a reconfiguration is in progress: the message says which."""
+
+
 class RedisJobStore:
     def __init__(self, r, job: str) -> None:
         self.r = r
@@ -200,9 +205,33 @@ class RedisJobStore:
         self.r.set(self.keys.plan, plan.to_json())
         return plan
 
+    def adopt(self, owner: str) -> None:
+        """A job restored from a savepoint now belongs to `owner` (a StreamJob's uid)."""
+        self.r.set(self.keys.deployed_by, owner)
+
     def deployed_by(self) -> str | None:
         owner = self.r.get(self.keys.deployed_by)
         return None if owner is None else as_text(owner)
+
+    def copy_keys(self) -> tuple[JobPlan | None, keycopy.Copied]:
+        """Every key of the job at one instant (savepoint.py), keys named without the job's prefix, with the
+        plan then (None: no job). Left out: the input streams, who deployed the job, requests not taken yet.
+        Raises ChangeInProgress while a rescale or a reconfiguration is."""
+        k = self.keys
+        try:
+            raw, copied = keycopy.copy(self.r, k.plan, [k.rescale_current, k.reconfigure_current], k.pattern,
+                                       k.input_prefix, [k.deployed_by, k.rescale_requests, k.reconfigure_requests,
+                                                        k.control_requests])
+        except keycopy.Busy as exc:
+            raise ChangeInProgress("rescale" if exc.key == k.rescale_current else "reconfiguration") from None
+        cut = len(k.prefix)
+        return (None if raw is None else JobPlan.from_json(raw)), [(key[cut:], t, p) for key, t, p in copied]
+
+    def replace_keys(self, copied: keycopy.Copied) -> int:
+        """The job's keys, all but its input streams, replaced at once by `copied` (as `copy_keys` returns it)."""
+        k = self.keys
+        return keycopy.replace(self.r, k.plan, k.pattern, k.input_prefix,
+                               [(k.prefix + key, ttl, payload) for key, ttl, payload in copied])
 
     def clear(self, keep_input: bool = True) -> int:
         deleted, batch = 0, []

@@ -194,13 +194,17 @@ class JobKeys:
     def done(self, op: str) -> str:
         return f"{self.prefix}:done:{op}"
 
+    @property
+    def input_prefix(self) -> str:
+        return f"{self.prefix}:in:"
+
     def input_stream(self, source: str, partition: int) -> str:
-        return f"{self.prefix}:in:{source}:{partition}"
+        return f"{self.input_prefix}{source}:{partition}"
 
     def is_input(self, key: str | bytes) -> bool:
         """Whether a key is one of the job's input streams: producers write them; the engine never deletes one."""
         text = key.decode() if isinstance(key, bytes) else key
-        return text.startswith(f"{self.prefix}:in:")
+        return text.startswith(self.input_prefix)
 
     def output_stream(self, sink: str) -> str:
         return f"{self.prefix}:out:{sink}"

@@ -95,6 +95,10 @@ class Refused(ValueError):
         self.changes = changes
 
 
+# How the job runs or starts, not what it computes: the operator and the runtime act on them themselves.
+_NOT_THE_JOBS = ("suspend", "restoreFrom")
+
+
 def diff(old: StreamJob, new: StreamJob) -> Reconfiguration:
     """Classify every field `new` changes against the running `old`."""
     a, b = (job.spec.model_dump(mode="json", by_alias=True) for job in (old, new))
@@ -102,7 +106,7 @@ def diff(old: StreamJob, new: StreamJob) -> Reconfiguration:
     if old.metadata.name != new.metadata.name:
         changes.append(Change("metadata.name", How.REFUSED, "a different job"))
     for key in sorted(a.keys() | b.keys()):
-        if key in _GROUPS or key == "suspend" or a.get(key) == b.get(key):
+        if key in _GROUPS or key in _NOT_THE_JOBS or a.get(key) == b.get(key):
             continue
         changes.extend(_settings(key, a.get(key), b.get(key)))
     for group in _GROUPS:

@@ -727,6 +727,11 @@ class StreamJobSpec(_Model):
                     f"point. Built in: {', '.join(BUILT_IN_HANDLERS)}.",
     )
     suspend: bool = False
+    restore_from: str | None = Field(
+        None, description="A savepoint file (`streamjobs savepoint`) to start from: the job goes on from its state, "
+        "offsets, watermarks and outputs, with this spec's changes applied live. Read only when the job starts "
+        "with nothing of it in its Redis; on Kubernetes, a path in the operator's pod.",
+    )
 
     @field_validator("control_handlers")
     @classmethod

@@ -14,6 +14,7 @@ from typing import Any
 
 import kopf
 from streamjobs_core.crd import PLURAL
+from streamjobs_core.savepoint import SavepointError
 from streamjobs_core.spec import API_GROUP, API_VERSION
 
 from . import reconcile, status
@@ -70,7 +71,7 @@ def _run(body: kopf.Body, memo: kopf.Memo, step) -> str | None:
     except NotReady as exc:
         ctx.status.phase(status.DEPLOYING, str(exc))
         raise kopf.TemporaryError(str(exc), delay=exc.delay_s) from None
-    except (NoRedis, UnsupportedChange) as exc:
+    except (NoRedis, UnsupportedChange, SavepointError) as exc:
         ctx.status.patch(error=str(exc))
         kopf.warn(body, reason="Rejected", message=str(exc))
         return None
@@ -83,7 +84,8 @@ def _run(body: kopf.Body, memo: kopf.Memo, step) -> str | None:
 
 @kopf.on.create(*RESOURCE)
 def create(body: kopf.Body, memo: kopf.Memo, **_: Any) -> str | None:
-    return _run(body, memo, lambda ctx: reconcile.deploy(ctx, body))
+    with _changing(memo):
+        return _run(body, memo, lambda ctx: reconcile.create(ctx, body, _reporter(body)))
 
 
 def _reporter(body: kopf.Body):

@@ -122,9 +122,10 @@ def deploy(ctx: JobContext, body: Any) -> str:
         missing = wanted - store.registered(r, owner.name)
         if missing:
             raise NotReady(f"waiting for {len(missing)} stage and sink workers to warm up: {', '.join(sorted(missing))}")
-        plan = store.restamp_t0(r, owner.name)
-        kube.patch("configmaps", owner.namespace, resources.configmap_name(owner.name),
-                   {"data": {"plan.json": plan.to_json()}})
+        if not job.spec.restore_from:  # a restored job's event time goes on from its first run's origin
+            plan = store.restamp_t0(r, owner.name)
+            kube.patch("configmaps", owner.namespace, resources.configmap_name(owner.name),
+                       {"data": {"plan.json": plan.to_json()}})
         for name in sources:
             _ensure_operator(ctx, fleet, name, assigned[name])
     return status.RUNNING
@@ -155,6 +156,15 @@ def check_change(deployed: StreamJob, wanted: StreamJob) -> Reconfiguration:
         raise UnsupportedChange("; ".join(c.describe() for c in changes.live)
                                 + ": a suspended job changes live once it runs again; resume it first")
     return changes
+
+
+def create(ctx: JobContext, body: Any, report: Callable[[str, dict], None] = lambda reason, record: None) -> str:
+    """Deploy; a job restored from a savepoint (`restoreFrom`) runs the savepoint's spec until then, and
+    takes what this spec changes as an edit does: live, and rescaled."""
+    phase = deploy(ctx, body)
+    if phase != status.RUNNING or not ctx.job.spec.restore_from:
+        return phase
+    return update(ctx, body, report)
 
 
 def update(ctx: JobContext, body: Any, report: Callable[[str, dict], None] = lambda reason, record: None) -> str:
@@ -321,5 +331,5 @@ def refresh_status(ctx: JobContext, last_flow: tuple[float, int] | None = None) 
     return operators, reading
 
 
-__all__ = ["JobContext", "NotReady", "SpecError", "UnsupportedChange", "cleanup", "deploy", "handle_requests",
+__all__ = ["JobContext", "NotReady", "SpecError", "UnsupportedChange", "cleanup", "create", "deploy", "handle_requests",
            "job_of", "reconfigure", "refresh_status", "rescale", "resume_rescale", "update"]

@@ -12,6 +12,7 @@ from streamjobs_core.connect import connect
 from streamjobs_core.control import InstanceAddress
 from streamjobs_core.jobstore import RedisJobStore
 from streamjobs_core.plan import JobPlan, edge_totals
+from streamjobs_core.savepoint import check, read_restore_from, restore
 from streamjobs_core.spec import StreamJob
 
 from .config import Settings
@@ -57,11 +58,19 @@ def deploy(r, job: StreamJob, uid: str) -> bool:
     Create handlers are retried after a failure; a retry must not wipe a job whose
     workers run already, so the first write records the object's uid and a retry
     that finds it does nothing. Keys of an earlier object of the same name (its
-    finalizer did not run) are cleared first. Returns whether it wrote anything.
+    finalizer did not run) are cleared first. A spec with `restoreFrom` puts the
+    savepoint's keys (state, offsets, plan, assignments) in their place instead; it
+    raises SavepointError, naming the field, if it cannot. Returns whether it wrote
+    anything.
     """
     jobs = RedisJobStore(r, job.metadata.name)
     if jobs.deployed_by() == uid:
         return False
+    if job.spec.restore_from:  # its input streams stay: the savepoint's offsets point into them
+        savepoint = read_restore_from(job)
+        check(savepoint, job)
+        restore(jobs, savepoint, owner=uid)
+        return True
     jobs.clear(keep_input=False)
     jobs.deploy(JobPlan(job, int(time.time() * 1000)), owner=uid)
     return True

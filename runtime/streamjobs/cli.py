@@ -44,15 +44,26 @@ def _run(args) -> int:
     if job is None:
         return 2
     from streamjobs_core.reconfigure import Refused
+    from streamjobs_core.savepoint import Savepoint, SavepointError
 
     from .local import PreviousRun
 
+    savepoint = None
+    if args.from_savepoint:
+        try:
+            savepoint = Savepoint.read(args.from_savepoint)
+        except SavepointError as exc:
+            print(f"--from-savepoint: {exc}", file=sys.stderr)
+            return 2
     stop_on_terminal_signals()
     try:
         result = run_job(job, args.duration, args.redis_url, args.report, verify=not args.no_verify,
-                         fresh=args.fresh or args.redis_url is None)
+                         fresh=args.fresh or args.redis_url is None, savepoint=savepoint)
     except PreviousRun as exc:
         print(f"--redis-url: {exc}", file=sys.stderr)
+        return 2
+    except SavepointError as exc:
+        print(f"{args.file}: {exc}", file=sys.stderr)
         return 2
     except Refused as exc:
         print(f"{args.file}: the run in {args.redis_url} cannot go on with this spec: {exc}", file=sys.stderr)
@@ -201,8 +212,6 @@ def _reconfigure(args) -> int:
 
 
 def _stop(args) -> int:
-    import time
-
     found = _running_job(args)
     if found is None:
         return 1
@@ -212,15 +221,56 @@ def _stop(args) -> int:
               file=sys.stderr)
         return 2
     (store.request_stop if args.drain else store.request_suspend)()
-    deadline = time.monotonic() + args.wait
-    while store.registered():  # each worker unregisters once it stopped after its last commit
-        if time.monotonic() > deadline:
-            print(f"asked; workers still running after {args.wait:.0f} s", file=sys.stderr)
-            return 1
-        time.sleep(0.2)
+    if not _stopped(store, args.wait):
+        return 1
     print(f"{args.job}: " + ("drained and stopped: it ended" if args.drain else
                              f"stopped at its last commits; `streamjobs run <file> --redis-url {args.redis_url}` "
                              "goes on from there"))
+    return 0
+
+
+def _stopped(store, wait_s: float) -> bool:
+    """Wait until every worker stopped after its last commit (each unregisters then), or say it did not."""
+    import time
+
+    deadline = time.monotonic() + wait_s
+    while store.registered():
+        if time.monotonic() > deadline:
+            print(f"asked; workers still running after {wait_s:.0f} s", file=sys.stderr)
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def _savepoint(args) -> int:
+    import time
+
+    from streamjobs_core.savepoint import SavepointError, take
+
+    found = _running_job(args)
+    if found is None:
+        return 1
+    store, _ = found
+    if args.stop:
+        if store.deployed_by() is not None:
+            print(f"--stop: '{args.job}' is run by the StreamJob operator: set spec.suspend, then take the "
+                  "savepoint", file=sys.stderr)
+            return 2
+        store.request_suspend()
+        if not _stopped(store, args.wait):
+            return 1
+    started = time.monotonic()
+    try:
+        savepoint = take(store)
+    except SavepointError as exc:
+        print(f"--job: {exc}", file=sys.stderr)
+        return 2
+    held_ms = (time.monotonic() - started) * 1000
+    savepoint.write(args.path)
+    state = "stopped at" if args.stop else "running, copied between two commits at"
+    print(f"{args.job}: savepoint of plan version {savepoint.plan.version} ({state} its last commits): "
+          f"{len(savepoint.keys)} keys, {savepoint.size_bytes / 1e6:.1f} MB, copied in {held_ms:.0f} ms -> "
+          f"{args.path}\n`streamjobs run <file> --from-savepoint {args.path} [--redis-url URL]` goes on from it")
     return 0
 
 
@@ -374,6 +424,9 @@ def main(argv: list[str] | None = None) -> int:
                           "commits")
     run.add_argument("--fresh", action="store_true",
                      help="with --redis-url: delete what a run of the job left there and start anew")
+    run.add_argument("--from-savepoint", default=None, metavar="PATH",
+                     help="go on from this savepoint (`streamjobs savepoint`), the spec's changes applied live; "
+                          "it replaces what the job holds in the Redis the run uses")
     run.add_argument("--no-verify", action="store_true", help="skip the oracle check")
     run.set_defaults(func=_run)
 
@@ -407,6 +460,16 @@ def main(argv: list[str] | None = None) -> int:
     stop.add_argument("--drain", action="store_true", help="stop the sources, fire every open window, then stop")
     stop.add_argument("--wait", type=float, default=120.0, help="seconds to wait for every worker to stop")
     stop.set_defaults(func=_stop)
+
+    savepoint = sub.add_parser(
+        "savepoint", help="copy a job's state, offsets and watermarks, consistent, into a file to go on from later "
+        "or elsewhere (`streamjobs run --from-savepoint`)")
+    _running_job_args(savepoint, operator=False)
+    savepoint.add_argument("--path", required=True, help="the file to write")
+    savepoint.add_argument("--stop", action="store_true",
+                           help="stop the job at its last commits first (as `streamjobs stop`), then copy")
+    savepoint.add_argument("--wait", type=float, default=120.0, help="--stop: seconds to wait for every worker")
+    savepoint.set_defaults(func=_savepoint)
 
     control = sub.add_parser(
         "control", help="deliver a control event in-band to every instance of an operator; print their replies")

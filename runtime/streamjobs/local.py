@@ -36,6 +36,7 @@ from streamjobs_core.jobstore import RedisJobStore
 from streamjobs_core.plan import JobPlan
 from streamjobs_core.reconfigure import ReconfigureController, Refused, diff
 from streamjobs_core.rescale import RescaleController
+from streamjobs_core.savepoint import Savepoint, check, read_restore_from, restore
 from streamjobs_core.spec import StreamJob
 from streamjobs_worker.parent import parent_env
 
@@ -116,11 +117,19 @@ class LocalRuntime:
 
     # --- start -----------------------------------------------------------------
 
-    def start(self, ready_timeout_s: float = 120.0, prepare=None, fresh: bool = True) -> bool:
+    def start(self, ready_timeout_s: float = 120.0, prepare=None, fresh: bool = True,
+              savepoint: Savepoint | None = None) -> bool:
         """Deploy and start the job; `prepare(r, plan)` runs before any worker (benchmarks seed state). Unless
-        `fresh`, a run of the job found in Redis goes on from its last commits instead (see `_resume`).
-        Returns whether it resumed."""
-        if not fresh and self.jobs.plan() is not None:
+        `fresh`, a run of the job found in Redis goes on from its last commits instead (see `_resume`); with
+        a `savepoint`, from the savepoint's, which replaces what Redis holds of the job. Returns whether it
+        resumed. A spec that names a savepoint (`restoreFrom`) starts from it where no run goes on."""
+        if savepoint is None and not fresh and self.jobs.plan() is not None:
+            self._resume(ready_timeout_s)
+            return True
+        if savepoint is None and self.job.spec.restore_from:
+            savepoint = read_restore_from(self.job)
+        if savepoint is not None:
+            self._restore(savepoint, replace=fresh)
             self._resume(ready_timeout_s)
             return True
         self.jobs.clear(keep_input=True)  # producers may have written the input before this run started
@@ -132,6 +141,15 @@ class LocalRuntime:
             prepare(self.r, self.plan)
         self._start_all(ready_timeout_s, before_sources=self._restamp, with_spares=True)
         return False
+
+    def _restore(self, savepoint: Savepoint, replace: bool) -> None:
+        """Put the savepoint's keys in place of the job's; not under workers that may still run (they would
+        commit over it) unless told to `replace` them (their registrations outlive a run that was killed)."""
+        check(savepoint, self.job)  # before anything of the job in this Redis is replaced
+        if self.jobs.registered() and not replace:
+            raise PreviousRun(f"workers of job '{self.job.metadata.name}' are registered in {self.redis_url}: a run "
+                              "may be going on. Stop it (`streamjobs stop`), or pass --fresh to replace it")
+        restore(self.jobs, savepoint)
 
     def _resume(self, ready_timeout_s: float) -> None:
         """Go on with the run of this job that Redis holds: its plan, parallelism, state, offsets and event-time

@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 from streamjobs_core.control import ControlRecord, ReconfigureRecord
+from streamjobs_core.savepoint import Savepoint
 from streamjobs_core.spec import StreamJob
 
 from . import report as reporting
@@ -37,13 +38,14 @@ def run_job(
     during=None,
     prepare=None,
     fresh: bool = True,
+    savepoint: Savepoint | None = None,
 ) -> dict:
     """Run until duration (or Ctrl-C, or bounded sources finish), drain, verify, report.
 
     The duration counts from the moment every worker is up. `during(runtime, elapsed_s)`
     is called about every 0.5 s while the job runs (chaos in tests); `prepare(r, plan)` before
     any worker starts. Unless `fresh`, a run of the job that `redis_url` holds goes on from its
-    last commits (LocalRuntime.start).
+    last commits (LocalRuntime.start); from `savepoint`'s, when given.
     """
     console = console or Console()
     with contextlib.ExitStack() as stack:
@@ -54,8 +56,9 @@ def run_job(
         runtime = LocalRuntime(job, redis_url, logs)
         stack.callback(runtime.shutdown)
         console.print(f"starting {job.metadata.name} on {redis_url}: workers log to {logs}")
-        if runtime.start(prepare=prepare, fresh=fresh):
-            console.print(f"resumed {job.metadata.name} from its last commits in {redis_url}")
+        if runtime.start(prepare=prepare, fresh=fresh, savepoint=savepoint):
+            origin = "the savepoint" if savepoint else f"its last commits in {redis_url}"
+            console.print(f"resumed {job.metadata.name} from {origin}")
         started = time.monotonic()
         started_ms = int(time.time() * 1000)
         view = LiveView(runtime.r, runtime.plan, runtime.parallelism)
@@ -101,10 +104,7 @@ def run_job(
         runtime.shutdown()
         if verify:
             result["verification"] = _verify(runtime, drained, logs)
-        # The whole report goes to a file (the log folder's when no path is given); the terminal gets a summary.
-        report = Path(report_path) if report_path else logs / "report.json"
-        report.parent.mkdir(parents=True, exist_ok=True)
-        report.write_text(json.dumps(result, indent=2))
+        report = _write_report(result, report_path, logs)
         _summary(console, result, report)
         return result
 
@@ -117,9 +117,7 @@ def _suspend(runtime, console, elapsed: float, logs: Path, report_path: str | No
     result = {"job": runtime.plan.name, "duration_s": round(elapsed, 2), "suspended": True,
               "restarts": runtime.restarts(), "operators": reporting.committed_counts(runtime.r, runtime.plan),
               "reconfigurations": [record.as_dict() for record in runtime.jobs.reconfigure_history()]}
-    report = Path(report_path) if report_path else logs / "report.json"
-    report.parent.mkdir(parents=True, exist_ok=True)
-    report.write_text(json.dumps(result, indent=2))
+    report = _write_report(result, report_path, logs)
     if own_redis:
         console.print(f"suspended, but in the run's own Redis, which ends with it: nothing to go on from. Run with "
                       f"--redis-url to suspend and resume. Report: {report}")
@@ -127,6 +125,14 @@ def _suspend(runtime, console, elapsed: float, logs: Path, report_path: str | No
         console.print(f"suspended at its last commits: `streamjobs run <file> --redis-url {runtime.redis_url}` "
                       f"goes on from there. Report: {report}")
     return result
+
+
+def _write_report(result: dict, report_path: str | None, logs: Path) -> Path:
+    """The whole report goes to a file (the log folder's when no path is given); the terminal gets a summary."""
+    report = Path(report_path) if report_path else logs / "report.json"
+    report.parent.mkdir(parents=True, exist_ok=True)
+    report.write_text(json.dumps(result, indent=2))
+    return report
 
 
 def _run_live(runtime, view, console, duration_s, during, started, autoscaler) -> bool:

@@ -1,4 +1,5 @@
-"""`streamjobs run --redis-url` of a job whose earlier run died goes on from its last commits."""
+"""`streamjobs run --redis-url` of a job whose earlier run died goes on from its last commits; `streamjobs run
+--from-savepoint`, from a savepoint's, in another Redis."""
 
 from __future__ import annotations
 
@@ -9,9 +10,15 @@ import sys
 import time
 
 import redis
+import yaml
+from rich.console import Console
+from streamjobs.redis_server import RedisServer
+from streamjobs.run import run_job
 from streamjobs_core.jobstore import RedisJobStore
+from streamjobs_core.loading import parse_job
+from streamjobs_core.savepoint import Savepoint
 
-from .conftest import ROOT
+from .conftest import ROOT, assert_exact, killer
 
 
 def _run(redis_url: str, *args: str, **popen) -> subprocess.Popen:
@@ -78,3 +85,36 @@ def test_a_job_stopped_without_draining_goes_on_from_its_last_commits_exactly(re
     assert (verification["correct"], verification["lost"], verification["duplicated"]) == (True, 0, 0), verification
     assert not jobs.suspend_requested()
     jobs.clear(keep_input=False)
+
+
+def test_a_savepoint_of_a_running_job_goes_on_in_another_redis_rescaled_exactly_through_a_sigkill(
+        redis_server, tmp_path):
+    """Taken while the job runs, with windows open and records between its operators; restored into another
+    redis-server under a spec with one more `count` instance; a worker SIGKILLed there. The output there
+    begins with what the job had written at the savepoint, and all of it is exact."""
+    r = redis.Redis.from_url(redis_server.url)
+    jobs = RedisJobStore(r, "wordcount-small")
+    out = jobs.keys.output_stream("counts")
+    first = _first_run(redis_server.url, r, jobs)
+    path = tmp_path / "wordcount.savepoint"
+    taken = subprocess.run([sys.executable, "-m", "streamjobs.cli", "savepoint", "--job", "wordcount-small",
+                            "--redis-url", redis_server.url, "--path", str(path)], capture_output=True, text=True,
+                           timeout=60)
+    assert taken.returncode == 0 and "running, copied between two commits" in taken.stdout, taken.stderr
+    written = r.xrange(out, count=300)
+    time.sleep(3)  # the first run goes on past the savepoint: none of that is in it
+    first.send_signal(signal.SIGKILL)
+    first.communicate()
+    jobs.clear(keep_input=False)
+
+    doc = yaml.safe_load((ROOT / "tests/jobs/wordcount-small.yaml").read_text())
+    doc["spec"]["stages"][0]["parallelism"] = 3
+    during = killer([(6, "count", 1)])
+    with RedisServer() as other:
+        report = run_job(parse_job(doc), 18, redis_url=other.url, console=Console(force_terminal=False),
+                         log_dir=str(tmp_path / "logs"), during=during, savepoint=Savepoint.read(path))
+        assert redis.Redis.from_url(other.url).xrange(out, count=300) == written
+    assert during.killed == ["count/1"] and report["restarts"] >= 1
+    assert report["autoscaler"]["final_parallelism"]["count"] == 3
+    assert [c["operator"] for c in report["rescales"]] == ["count"]
+    assert_exact(report)

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "streamjobs"
 K8S_VERSION = "1.30.0"  # kind's default node image line; the chart needs >= 1.28 (pod-index label)
 ALL_OPTIONS = ["--set", "metrics.serviceMonitor.enabled=true", "--set", "metrics.podMonitor.enabled=true",
-               "--set", "grafanaDashboard.enabled=true"]
+               "--set", "grafanaDashboard.enabled=true", "--set", "operator.savepoints.existingClaim=sj-savepoints"]
 # Kinds of the Prometheus Operator: CRDs, not in Kubernetes' schemas; checked by shape below.
 _PROMETHEUS_KINDS = {"ServiceMonitor", "PodMonitor"}
 

@@ -1,0 +1,124 @@
+"""Savepoints against a real Redis: what a copy holds and leaves out, what it refuses, how a restore replaces."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+import yaml
+from streamjobs.cli import main
+from streamjobs_core.control import InstanceAddress, ReconfigureRecord, ReconfigureState
+from streamjobs_core.jobstore import RedisJobStore
+from streamjobs_core.savepoint import Savepoint, SavepointError, restore, take
+
+from ..jobs.control import JOB
+
+
+def _job_keys(r, jobs) -> dict[bytes, bytes]:
+    return {key: r.dump(key) for key in r.scan_iter(match=jobs.keys.pattern)}
+
+
+def _with_progress(r, plan, jobs) -> None:
+    """What a running job leaves besides its plan: input, state, a kg stream, a TTL'd key, its deployer, a
+    request."""
+    keys = jobs.keys
+    r.xadd(keys.input_stream("src", 0), {"word": "a"})
+    r.set(keys.snapshot("agg", 3), b"state 17")
+    r.xadd(keys.kg_stream("src", "agg", 3), {"m": b"x"})
+    r.rpush(keys.control_requests, b"asked")
+    r.set(keys.latency_samples, "1", px=600_000)
+    jobs.deploy(plan, owner="uid-1")
+
+
+def test_a_savepoint_copies_the_jobs_keys_but_input_owner_and_requests(r, plan, jobs, redis_server, tmp_path):
+    _with_progress(r, plan, jobs)
+    savepoint = take(jobs)
+    copied = {key for key, _, _ in savepoint.keys}
+    keys = jobs.keys
+    assert ":snap:agg:3" in copied and ":kg:src>agg:3" in copied and ":plan" in copied
+    assert not {":in:src:0", ":k8s-owner", ":control:requests"} & copied
+    assert next(ttl for key, ttl, _ in savepoint.keys if key == ":latency") > 0
+    assert savepoint.plan == plan and savepoint.job == plan.name
+
+    path = tmp_path / "sp" / "one.savepoint"
+    savepoint.write(path)
+    read = Savepoint.read(path)
+    assert read == savepoint and not list(path.parent.glob(".*partial"))
+
+    # Restored over a job that went on: everything of the copy comes back, what came since goes, the input stays.
+    before = _job_keys(r, jobs)
+    r.set(keys.snapshot("agg", 3), b"state 99")
+    r.set(keys.snapshot("agg", 5), b"later")
+    r.xadd(keys.input_stream("src", 0), {"word": "b"})
+    restore(jobs, read)
+    after = _job_keys(r, jobs)
+    assert r.get(keys.snapshot("agg", 3)) == b"state 17"
+    assert not r.exists(keys.snapshot("agg", 5)) and jobs.deployed_by() is None
+    assert r.xlen(keys.input_stream("src", 0)) == 2  # producers' streams are theirs
+    assert {k: v for k, v in before.items() if k.decode().removeprefix(keys.prefix) in copied} == {
+        k: v for k, v in after.items() if not k.startswith(keys.input_prefix.encode())}
+    assert 0 < r.pttl(keys.latency_samples) <= 600_000
+
+    # Into another Redis database: the same job, key for key.
+    other = redis.Redis.from_url(f"{redis_server.url}/1")
+    other.flushdb()
+    restore(RedisJobStore(other, plan.name), read)
+    assert other.get(keys.snapshot("agg", 3)) == b"state 17" and RedisJobStore(other, plan.name).plan() == plan
+    other.flushdb()
+
+
+def test_what_a_savepoint_refuses(r, plan, jobs):
+    with pytest.raises(SavepointError, match="no job 'nope'"):
+        take(RedisJobStore(r, "nope"))
+    jobs.publish_plan(plan, ReconfigureState(version=1, started_at=0.0, changes=()))
+    with pytest.raises(SavepointError, match="a reconfiguration of 'ctl' is in progress"):
+        take(jobs)
+    jobs.end_reconfigure(ReconfigureRecord(version=1, changes=(), duration_s=0.0))
+    jobs.request_stop()
+    with pytest.raises(SavepointError, match="stopped and drained"):
+        take(jobs)
+
+
+def test_a_file_that_is_no_savepoint_is_named(tmp_path):
+    bad = tmp_path / "bad"
+    bad.write_bytes(b"\x00not msgpack at all")
+    with pytest.raises(SavepointError, match=f"{bad} is not a StreamJobs savepoint"):
+        Savepoint.read(bad)
+    with pytest.raises(SavepointError, match="cannot read savepoint"):
+        Savepoint.read(tmp_path / "missing")
+
+
+def test_the_cli_takes_one_and_run_refuses_what_it_cannot_restore(r, plan, jobs, redis_server, tmp_path, capsys):
+    path = tmp_path / "ctl.savepoint"
+    assert main(["savepoint", "--job", plan.name, "--redis-url", redis_server.url, "--path", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "savepoint of plan version 0" in out and f"--from-savepoint {path}" in out
+    assert Savepoint.read(path).plan == plan
+    assert main(["savepoint", "--job", plan.name, "--redis-url", redis_server.url, "--path", str(path),
+                 "--stop"]) == 0  # no worker runs: it stops at once
+    assert "stopped at its last commits" in capsys.readouterr().out and jobs.suspend_requested()
+
+    assert main(["savepoint", "--job", "nope", "--redis-url", redis_server.url, "--path", str(path)]) == 1
+    assert main(["run", "examples/wordcount.yaml", "--from-savepoint", str(path)]) == 2
+    assert "metadata.name is 'wordcount', but the savepoint holds job 'ctl'" in capsys.readouterr().err
+    assert main(["run", "examples/wordcount.yaml", "--from-savepoint", str(tmp_path / "none")]) == 2
+    assert "--from-savepoint: cannot read savepoint" in capsys.readouterr().err
+
+
+def test_a_spec_the_savepoint_cannot_take_is_refused_before_anything_is_replaced(
+        r, plan, jobs, redis_server, tmp_path, capsys):
+    path = tmp_path / "ctl.savepoint"
+    take(jobs).write(path)
+    r.set(jobs.keys.snapshot("agg", 3), b"state 99")  # the job went on
+    doc = {**JOB, "spec": {**JOB["spec"], "maxParallelism": 24}}
+    edited = tmp_path / "ctl.yaml"
+    edited.write_text(yaml.safe_dump(doc))
+    assert main(["run", str(edited), "--from-savepoint", str(path), "--redis-url", redis_server.url]) == 2
+    assert "the savepoint cannot go on with this spec: spec.maxParallelism" in capsys.readouterr().err
+    assert r.get(jobs.keys.snapshot("agg", 3)) == b"state 99"
+
+    jobs.register(InstanceAddress("agg", 0, "10.0.0.1:9100"))  # a run may be going on
+    same = tmp_path / "same.yaml"
+    same.write_text(yaml.safe_dump(JOB))
+    assert main(["run", str(same), "--from-savepoint", str(path), "--redis-url", redis_server.url]) == 2
+    assert "workers of job 'ctl' are registered" in capsys.readouterr().err
+    assert r.get(jobs.keys.snapshot("agg", 3)) == b"state 99"

@@ -1,0 +1,52 @@
+"""A StreamJob created with `spec.restoreFrom` goes on from a savepoint of an earlier one: state, offsets and
+outputs, its spec's changes applied as an edit's; a savepoint it cannot take is refused, naming the field."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from streamjobs import oracle
+from streamjobs_core.jobstore import RedisJobStore
+
+from .conftest import NAMESPACE, events, eventually
+from .jobs import apply, phase, window_counts
+
+
+def test_a_job_restored_from_a_savepoint_goes_on_rescaled_and_exact(
+        emulator, kube, kubelet, redis_client, redis_server, job, spark, tmp_path):
+    job(window_counts("saved", parallelism=1))
+    jobs = RedisJobStore(redis_client, "saved")
+    out = jobs.keys.output_stream("totals")
+    eventually(lambda: redis_client.xlen(out) > 30, 120, "window results")
+    path = tmp_path / "saved.savepoint"
+    taken = subprocess.run([sys.executable, "-m", "streamjobs.cli", "savepoint", "--job", "saved", "--redis-url",
+                            redis_server.url, "--path", str(path)], capture_output=True, text=True, timeout=60)
+    assert taken.returncode == 0, taken.stderr
+    written = redis_client.xrange(out, count=30)
+    t0 = jobs.plan().t0_ms
+    kube.delete("streamjobs", NAMESPACE, "saved")  # its finalizer deletes every key of the job
+    eventually(lambda: kube.get("streamjobs", NAMESPACE, "saved") is None, 60, "saved deleted")
+    assert redis_client.xlen(out) == 0
+
+    job(window_counts("saved", parallelism=2, restoreFrom=str(path)))
+    eventually(lambda: jobs.assignment("counts").parallelism == 2, 180, "the restored job rescaled")
+    assert jobs.plan().t0_ms == t0  # event time goes on from the first run's origin
+    assert redis_client.xrange(out, count=30) == written
+    more = redis_client.xlen(out) + 30
+    eventually(lambda: redis_client.xlen(out) > more, 120, "results after the restore")
+    eventually(lambda: [e for e in events(emulator, "saved") if e["reason"] == "Rescaled"], 30, "a Rescaled event")
+    jobs.request_stop()
+    eventually(lambda: redis_client.scard(jobs.keys.done("totals")) >= 1, 90, "the sink drained")
+    verdict = oracle.verify(spark, redis_client, jobs.plan())
+    assert (verdict["correct"], verdict["lost"], verdict["duplicated"]) == (True, 0, 0), verdict
+
+
+def test_a_savepoint_the_spec_cannot_take_is_refused_naming_the_field(emulator, kube, operator, tmp_path):
+    apply(kube, window_counts("unsaved", restoreFrom=str(tmp_path / "missing.savepoint")))
+    eventually(lambda: [e for e in events(emulator, "unsaved") if e["reason"] == "Rejected"], 30, "a Rejected event")
+    rejected = next(e for e in events(emulator, "unsaved") if e["reason"] == "Rejected")
+    assert "spec.restoreFrom: cannot read savepoint" in rejected["message"]
+    assert phase(kube, "unsaved") != "Running"
+    kube.delete("streamjobs", NAMESPACE, "unsaved")
+    eventually(lambda: kube.get("streamjobs", NAMESPACE, "unsaved") is None, 30, "unsaved deleted")
