@@ -150,14 +150,15 @@ class ReconfigureRequest:
 
     job: str  # the StreamJob as JSON
     id: str
+    reset: tuple[str, ...] = ()  # stateful stages whose state starts afresh (--reset-state)
 
     def encode(self) -> str:
-        return json.dumps({"job": self.job, "id": self.id})
+        return json.dumps({"job": self.job, "id": self.id, "reset": list(self.reset)})
 
     @classmethod
     def decode(cls, raw: str | bytes) -> ReconfigureRequest:
         d = json.loads(raw)
-        return cls(d["job"], d["id"])
+        return cls(d["job"], d["id"], tuple(d.get("reset", ())))
 
 
 @dataclass(frozen=True)

@@ -124,6 +124,10 @@ class JobStore(Protocol):
     def cut(self, version: int) -> dict[tuple[str, int], bytes]: ...
     def record_aligned(self, commit: Commit, op: str, instance: int, version: int, ms: float) -> None: ...
     def aligned(self, version: int) -> dict[str, float]: ...
+    def record_reset(self, commit: Commit, op: str, version: int, watermarks: dict[int, int]) -> None:
+        """Stage `op` dropped its state at its switch to `version`; per key group, the watermark it had then
+        (the windows that fired before it)."""
+    def resets(self, version: int, op: str) -> dict[int, int]: ...
     def reconfigure_state(self) -> ReconfigureState | None: ...
     def end_reconfigure(self, record: ReconfigureRecord, control: ControlRecord | None = None) -> None:
         """Append to the history (and `control`, a control event's, to its own) and clear the reconfiguration
@@ -428,6 +432,13 @@ class RedisJobStore:
     def aligned(self, version: int) -> dict[str, float]:
         return {as_text(k): float(v) for k, v in self.r.hgetall(self.keys.aligned(version)).items()}
 
+    def record_reset(self, commit: Commit, op: str, version: int, watermarks: dict[int, int]) -> None:
+        if watermarks:
+            commit.hset(self.keys.reset(version, op), mapping={str(kg): wm for kg, wm in watermarks.items()})
+
+    def resets(self, version: int, op: str) -> dict[int, int]:
+        return {int(kg): int(wm) for kg, wm in self.r.hgetall(self.keys.reset(version, op)).items()}
+
     def reconfigure_state(self) -> ReconfigureState | None:
         raw = self.r.get(self.keys.reconfigure_current)
         return ReconfigureState.decode(raw) if raw is not None else None
@@ -609,6 +620,7 @@ class MemoryJobStore:
         self._versions: dict[str, dict[int, int]] = {}
         self._cuts: dict[int, dict[tuple[str, int], bytes]] = {}
         self._aligned: dict[int, dict[str, float]] = {}
+        self._resets: dict[tuple[int, str], dict[int, int]] = {}
         self._reconfiguring: ReconfigureState | None = None
         self._reconfigured: list[ReconfigureRecord] = []
         self._reconfigure_requests: list[ReconfigureRequest] = []
@@ -754,6 +766,12 @@ class MemoryJobStore:
 
     def aligned(self, version: int) -> dict[str, float]:
         return dict(self._aligned.get(version, {}))
+
+    def record_reset(self, commit: Commit | None, op: str, version: int, watermarks: dict[int, int]) -> None:
+        self._resets.setdefault((version, op), {}).update(watermarks)
+
+    def resets(self, version: int, op: str) -> dict[int, int]:
+        return dict(self._resets.get((version, op), {}))
 
     def reconfigure_state(self) -> ReconfigureState | None:
         return self._reconfiguring

@@ -134,6 +134,10 @@ class JobKeys:
         """Per `<op>/<instance>`: how long the instance held its input back aligning its barriers (ms)."""
         return f"{self.prefix}:aligned:{version}"
 
+    def reset(self, version: int, op: str) -> str:
+        """Per key group of a stage whose state `version` reset: its watermark then (what fired before)."""
+        return f"{self.prefix}:reset:{version}:{op}"
+
     @property
     def reconfigure_requests(self) -> str:
         return f"{self.prefix}:reconfigure:requests"

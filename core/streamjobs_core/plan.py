@@ -38,6 +38,7 @@ class JobPlan:
     t0_ms: int  # event-time origin of the generator sources
     version: int = 0  # raised by every live reconfiguration (reconfigure.py); the deploy is version 0
     control: ControlEvent | None = None  # the control event this version carries to its operator's instances
+    resets: tuple[str, ...] = ()  # stateful stages whose state this version starts afresh (--reset-state)
 
     @property
     def name(self) -> str:
@@ -96,14 +97,16 @@ class JobPlan:
     def to_json(self) -> str:
         return json.dumps({"job": self.job.model_dump(mode="json", by_alias=True), "t0_ms": self.t0_ms,
                            "version": self.version,
-                           "control": None if self.control is None else json.loads(self.control.encode())})
+                           "control": None if self.control is None else json.loads(self.control.encode()),
+                           "resets": list(self.resets)})
 
     @classmethod
     def from_json(cls, text: str | bytes) -> JobPlan:
         data = json.loads(text)
         control = data.get("control")
         return cls(StreamJob.model_validate(data["job"]), int(data["t0_ms"]), int(data.get("version", 0)),
-                   None if control is None else ControlEvent.decode(json.dumps(control)))
+                   None if control is None else ControlEvent.decode(json.dumps(control)),
+                   tuple(data.get("resets", ())))
 
 
 def edge_totals(r, keys: JobKeys, edges) -> list[tuple[int, int]]:

@@ -26,7 +26,7 @@ mid-way runs the version its key groups are at and meets the same barriers again
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -99,10 +99,12 @@ class Refused(ValueError):
 _NOT_THE_JOBS = ("suspend", "restoreFrom")
 
 
-def diff(old: StreamJob, new: StreamJob) -> Reconfiguration:
-    """Classify every field `new` changes against the running `old`."""
+def diff(old: StreamJob, new: StreamJob, reset: Iterable[str] = ()) -> Reconfiguration:
+    """Classify every field `new` changes against the running `old`. The stateful stages in `reset` start
+    their state afresh at the cut, so what their state depends on may change too."""
     a, b = (job.spec.model_dump(mode="json", by_alias=True) for job in (old, new))
-    changes: list[Change] = []
+    reset = tuple(reset)
+    changes: list[Change] = [_reset(name, a, b) for name in reset]
     if old.metadata.name != new.metadata.name:
         changes.append(Change("metadata.name", How.REFUSED, "a different job"))
     for key in sorted(a.keys() | b.keys()):
@@ -117,8 +119,18 @@ def diff(old: StreamJob, new: StreamJob) -> Reconfiguration:
             changes.append(Change(f"spec.{group}[{name}]", How.REFUSED,
                                   f"{verb} an operator is not live yet: it needs a new job", name))
         for name in sorted(before.keys() & after.keys()):
-            changes.extend(_operator(group, before[name], after[name]))
+            changes.extend(_operator(group, before[name], after[name], name in reset))
     return Reconfiguration(tuple(changes))
+
+
+def _reset(name: str, old: dict, new: dict) -> Change:
+    """The reset of a stage's state asked for: live where the stage is stateful in both specs."""
+    stateful = [next((op for op in spec["stages"] if op["name"] == name and op["type"] in _STATE_FIELDS), None)
+                for spec in (old, new)]
+    if None in stateful:
+        return Change(f"spec.stages[{name}]", How.REFUSED, "--reset-state names a stateful stage of the job", name)
+    return Change(f"spec.stages[{name}]", How.LIVE, "--reset-state: its state starts afresh at the cut; windows "
+                  "and rows it holds then are dropped", name)
 
 
 def _settings(key: str, old, new) -> list[Change]:
@@ -134,7 +146,7 @@ def _settings(key: str, old, new) -> list[Change]:
     return [Change(f"spec.{key}", How.REFUSED, "read when the job starts: it needs a new job")]
 
 
-def _operator(group: str, old: dict, new: dict) -> list[Change]:
+def _operator(group: str, old: dict, new: dict, reset: bool = False) -> list[Change]:
     path = f"spec.{group}[{old['name']}]"
     out = []
     for f in _changed_fields(old, new):
@@ -146,9 +158,9 @@ def _operator(group: str, old: dict, new: dict) -> list[Change]:
             out.append(Change(where, How.REFUSED, "it changes the job's graph: it needs a new job", name))
         elif group == "sources":
             out.append(Change(where, How.REFUSED, "a source's settings define its input: it needs a new job", name))
-        elif f in _STATE_FIELDS.get(old.get("type"), ()):
-            out.append(Change(where, How.REFUSED, f"the {old['type']} state depends on it: keep it, or start "
-                              "the job afresh", name))
+        elif f in _STATE_FIELDS.get(old.get("type"), ()) and not reset:
+            out.append(Change(where, How.REFUSED, f"the {old['type']} state depends on it: keep it, or reset "
+                              f"the state (--reset-state {name})", name))
         else:
             out.append(Change(where, How.LIVE, operator=name))
     return out
@@ -165,7 +177,7 @@ def holds_back(old: JobPlan, new: JobPlan, operators: tuple[str, ...]) -> bool:
     is processed the same under either plan, and no operator downstream tells the two apart, so an instance
     reads through its barriers and switches once the last has passed, holding nothing back (Flink's aligned
     checkpoints hold every channel; a reconfiguration needs to hold only where the cut shows)."""
-    affected = {op.name for op in new.spec.operators if op != old.spec.operator(op.name)}
+    affected = {op.name for op in new.spec.operators if op != old.spec.operator(op.name)} | set(new.resets)
     if new.control is not None:
         affected.add(new.control.operator)
     reach, frontier = set(operators), list(operators)
@@ -211,15 +223,16 @@ class ReconfigureController:
         self._clock = clock
 
     def apply(self, job: StreamJob, request: str | None = None, restart: Fleet | None = None,
-              ) -> tuple[Reconfiguration, ReconfigureRecord | None]:
+              reset: tuple[str, ...] = ()) -> tuple[Reconfiguration, ReconfigureRecord | None]:
         """Check `job` against the running plan; refused changes raise Refused (nothing is applied). Live
         changes are applied; returns the classification and the record (None when nothing changes live).
+        The stateful stages in `reset` start their state afresh at the cut.
 
         With `restart`, the same change the way Flink makes it, the baseline: every worker stops after its
         last commit (which is then the cut), and the job starts again on the new plan."""
         self.resume()  # one at a time: a version still on its way goes first
         running = self._store.plan()
-        changes = diff(running.job, job)
+        changes = diff(running.job, job, reset)
         if changes.refused:
             raise Refused(changes.refused)
         if not changes.live:
@@ -230,7 +243,8 @@ class ReconfigureController:
             parallelism = {op: self._store.assignment(op).parallelism for op in running.vertices}
             restart.stop_job()
         # Parallelism stays the running one: the rescale that follows changes it, through its own controller.
-        self._store.publish_plan(JobPlan(_with_parallelism(job, running.job), running.t0_ms, version), state)
+        self._store.publish_plan(JobPlan(_with_parallelism(job, running.job), running.t0_ms, version,
+                                         resets=tuple(reset)), state)
         if restart is not None:
             restart.start_job(parallelism)
         return changes, self._await(state)

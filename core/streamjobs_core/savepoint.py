@@ -110,11 +110,12 @@ def read_restore_from(job: StreamJob) -> Savepoint:
         raise SavepointError(f"spec.restoreFrom: {exc}") from None
 
 
-def check(savepoint: Savepoint, job: StreamJob) -> None:
-    """Raise if `job` cannot go on from the savepoint: another job, or a change it cannot take (named)."""
+def check(savepoint: Savepoint, job: StreamJob, reset: tuple[str, ...] = ()) -> None:
+    """Raise if `job` cannot go on from the savepoint: another job, or a change it cannot take (named), even
+    with the state of the stages in `reset` started afresh."""
     if savepoint.job != job.metadata.name:
         raise SavepointError(f"metadata.name is '{job.metadata.name}', but the savepoint holds job '{savepoint.job}'")
-    changes = diff(savepoint.plan.job, job)
+    changes = diff(savepoint.plan.job, job, reset)
     if changes.refused:
         raise SavepointError(f"the savepoint cannot go on with this spec: {Refused(changes.refused)}")
 

@@ -58,7 +58,8 @@ def _run(args) -> int:
     stop_on_terminal_signals()
     try:
         result = run_job(job, args.duration, args.redis_url, args.report, verify=not args.no_verify,
-                         fresh=args.fresh or args.redis_url is None, savepoint=savepoint)
+                         fresh=args.fresh or args.redis_url is None, savepoint=savepoint,
+                         reset=tuple(args.reset_state))
     except PreviousRun as exc:
         print(f"--redis-url: {exc}", file=sys.stderr)
         return 2
@@ -195,7 +196,8 @@ def _reconfigure(args) -> int:
     store, plan = found
     if _managed(store, args.job):
         return 2
-    changes = diff(plan.job, job)
+    reset = tuple(args.reset_state)
+    changes = diff(plan.job, job, reset)
     for line in changes.lines():
         print(line)
     if changes.refused:
@@ -204,7 +206,7 @@ def _reconfigure(args) -> int:
         return 2
     if args.dry_run or not changes.changes:
         return 0
-    request = ReconfigureRequest(job.model_dump_json(by_alias=True), uuid.uuid4().hex)
+    request = ReconfigureRequest(job.model_dump_json(by_alias=True), uuid.uuid4().hex, reset)
     before = len(store.reconfigure_history())
     store.request_reconfigure(request)
     return _answer(lambda: next((r for r in store.reconfigure_history(before) if r.request == request.id), None),
@@ -427,6 +429,9 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--from-savepoint", default=None, metavar="PATH",
                      help="go on from this savepoint (`streamjobs savepoint`), the spec's changes applied live; "
                           "it replaces what the job holds in the Redis the run uses")
+    run.add_argument("--reset-state", action="append", default=[], metavar="STAGE",
+                     help="going on (from Redis or a savepoint) under a changed spec: start this stateful stage's "
+                          "state afresh at the cut; repeatable")
     run.add_argument("--no-verify", action="store_true", help="skip the oracle check")
     run.set_defaults(func=_run)
 
@@ -451,6 +456,9 @@ def main(argv: list[str] | None = None) -> int:
     reconfigure.add_argument("-f", "--file", required=True, help="the job's new StreamJob YAML")
     reconfigure.add_argument("--redis-url", required=True, help="as printed by `streamjobs run`")
     reconfigure.add_argument("--dry-run", action="store_true", help="print what would change and how; apply nothing")
+    reconfigure.add_argument("--reset-state", action="append", default=[], metavar="STAGE",
+                             help="start this stateful stage's state afresh at the cut, so that what its state "
+                                  "depends on (key, window, aggregations, ...) may change; repeatable")
     reconfigure.add_argument("--wait", type=float, default=180.0, help="seconds to wait for the change to finish")
     reconfigure.set_defaults(func=_reconfigure)
 

@@ -118,19 +118,20 @@ class LocalRuntime:
     # --- start -----------------------------------------------------------------
 
     def start(self, ready_timeout_s: float = 120.0, prepare=None, fresh: bool = True,
-              savepoint: Savepoint | None = None) -> bool:
+              savepoint: Savepoint | None = None, reset: tuple[str, ...] = ()) -> bool:
         """Deploy and start the job; `prepare(r, plan)` runs before any worker (benchmarks seed state). Unless
         `fresh`, a run of the job found in Redis goes on from its last commits instead (see `_resume`); with
         a `savepoint`, from the savepoint's, which replaces what Redis holds of the job. Returns whether it
-        resumed. A spec that names a savepoint (`restoreFrom`) starts from it where no run goes on."""
+        resumed. A spec that names a savepoint (`restoreFrom`) starts from it where no run goes on. Going on
+        under a changed spec, the stateful stages in `reset` start their state afresh."""
         if savepoint is None and not fresh and self.jobs.plan() is not None:
-            self._resume(ready_timeout_s)
+            self._resume(ready_timeout_s, reset)
             return True
         if savepoint is None and self.job.spec.restore_from:
             savepoint = read_restore_from(self.job)
         if savepoint is not None:
-            self._restore(savepoint, replace=fresh)
-            self._resume(ready_timeout_s)
+            self._restore(savepoint, fresh, reset)
+            self._resume(ready_timeout_s, reset)
             return True
         self.jobs.clear(keep_input=True)  # producers may have written the input before this run started
         self.plan = JobPlan(self.job, int(time.time() * 1000))
@@ -142,16 +143,16 @@ class LocalRuntime:
         self._start_all(ready_timeout_s, before_sources=self._restamp, with_spares=True)
         return False
 
-    def _restore(self, savepoint: Savepoint, replace: bool) -> None:
+    def _restore(self, savepoint: Savepoint, replace: bool, reset: tuple[str, ...]) -> None:
         """Put the savepoint's keys in place of the job's; not under workers that may still run (they would
         commit over it) unless told to `replace` them (their registrations outlive a run that was killed)."""
-        check(savepoint, self.job)  # before anything of the job in this Redis is replaced
+        check(savepoint, self.job, reset)  # before anything of the job in this Redis is replaced
         if self.jobs.registered() and not replace:
             raise PreviousRun(f"workers of job '{self.job.metadata.name}' are registered in {self.redis_url}: a run "
                               "may be going on. Stop it (`streamjobs stop`), or pass --fresh to replace it")
         restore(self.jobs, savepoint)
 
-    def _resume(self, ready_timeout_s: float) -> None:
+    def _resume(self, ready_timeout_s: float, reset: tuple[str, ...] = ()) -> None:
         """Go on with the run of this job that Redis holds: its plan, parallelism, state, offsets and event-time
         origin as its last commits left them (a run that died: the `streamjobs run` process, the machine). A
         spec that differs is then applied as a reconfiguration; one it cannot take is refused before anything
@@ -165,7 +166,7 @@ class LocalRuntime:
         if self.jobs.stop_requested():
             raise PreviousRun(f"job '{name}' in {self.redis_url} was stopped and drained: it ended. --fresh "
                               "starts it anew from nothing (its state, offsets and outputs are deleted)")
-        changes = diff(running.job, self.job)
+        changes = diff(running.job, self.job, reset)
         if changes.refused:
             raise Refused(changes.refused)
         self.jobs.resumed()
@@ -176,7 +177,7 @@ class LocalRuntime:
         self._start_all(ready_timeout_s, with_spares=True)  # event time goes on from the first run's origin
         self.resume_reconfigure()
         if changes.changes:
-            self.reconfigure(wanted)
+            self.reconfigure(wanted, reset=reset)
 
     def _restamp(self) -> None:
         self.plan = self.jobs.restamp(int(time.time() * 1000))
@@ -420,7 +421,7 @@ class LocalRuntime:
         while (asked := self.jobs.next_reconfigure_request()) is not None:
             job = StreamJob.model_validate_json(asked.job)
             try:
-                record = self.reconfigure(job, asked.id)
+                record = self.reconfigure(job, asked.id, reset=asked.reset)
             except Refused as exc:
                 record = ReconfigureRecord(None, tuple(c.describe() for c in exc.changes), asked.id,
                                            refused=str(exc))
@@ -433,12 +434,14 @@ class LocalRuntime:
 
     # --- live reconfiguration (reconfigure.py) -------------------------------------
 
-    def reconfigure(self, job: StreamJob, request: str | None = None, restart: bool = False) -> ReconfigureRecord:
+    def reconfigure(self, job: StreamJob, request: str | None = None, restart: bool = False,
+                    reset: tuple[str, ...] = ()) -> ReconfigureRecord:
         """Change the running job to `job`: live changes at a consistent cut, then parallelism changes as
         rescales; a change that cannot be made raises Refused and nothing is applied. The record of the live
         part (its version None when only parallelism changed). `restart`: stop every worker and start them on
-        the new plan instead (the stop-and-restart baseline)."""
-        changes, record = self._reconfigurer().apply(job, request, self if restart else None)
+        the new plan instead (the stop-and-restart baseline). The stateful stages in `reset` start their state
+        afresh at the cut."""
+        changes, record = self._reconfigurer().apply(job, request, self if restart else None, reset)
         self.plan = self.jobs.plan()
         self.job = self.plan.job
         for change in changes.rescales:

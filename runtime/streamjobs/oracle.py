@@ -23,6 +23,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from streamjobs_core import ddl, generators, shedding
 from streamjobs_core.jobstore import RedisJobStore
+from streamjobs_core.keygroups import key_groups_of_columns
 from streamjobs_core.plan import JobPlan
 from streamjobs_core.spec import STATEFUL_TYPES
 from streamjobs_worker import external
@@ -253,6 +254,11 @@ def _reconfigured_outputs(spark: SparkSession, r: redis.Redis, plans: list[JobPl
                 "_ingest_ms", F.lit(0))
             versioned[name] = True
             continue
+        resets = [p.version for p in plans if name in p.resets]
+        if resets:
+            frames[name] = _with_resets(spark, r, store, plans, name, frames, versioned, resets)
+            versioned[name] = False
+            continue
         computes = {json.dumps(_what_it_computes(s, keep_where=op.type not in STATEFUL_TYPES), sort_keys=True)
                     for s in specs}
         if len(computes) > 1 and (op.type in STATEFUL_TYPES or not all(versioned[u] for u in op.inputs)):
@@ -273,6 +279,48 @@ def _reconfigured_outputs(spark: SparkSession, r: redis.Redis, plans: list[JobPl
         frames[name] = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), parts)
         versioned[name] = True
     return frames
+
+
+def _with_resets(spark: SparkSession, r: redis.Redis, store: RedisJobStore, plans: list[JobPlan], name: str,
+                 frames: dict[str, DataFrame], versioned: dict[str, bool], resets: list[int]) -> DataFrame:
+    """A window stage whose state live changes reset (--reset-state): each stretch of versions between resets
+    is a state of its own, over the records of those versions. A stretch a reset ended emits the windows that
+    fired before it: per key group, those its watermark at the reset had passed (end + lateness); the rest
+    were dropped with the state."""
+    specs = [p.spec.operator(name) for p in plans]
+    if any(spec.type != "window_aggregate" for spec in specs):
+        raise Unverifiable(f"{name}: its state was reset live; the oracle replays the resets of window stages only")
+    if not all(versioned[u] for stretch in specs for u in stretch.inputs):
+        raise Unverifiable(f"{name}: its state was reset live downstream of a stateful stage")
+    bounds = [0, *resets, len(plans)]
+    parts = []
+    for start, end in zip(bounds, bounds[1:]):
+        stretch = specs[start:end]
+        if len({json.dumps(_what_it_computes(s, keep_where=False), sort_keys=True) for s in stretch}) > 1:
+            raise Unverifiable(f"{name}: changed live without a reset of its state")
+        spec = stretch[-1]
+        inputs = [_where_per_version(frames[u].filter(F.col("_v").between(start, end - 1)), specs, True)
+                  for u in spec.inputs]
+        out = _evaluate(spark, r, spec, inputs)
+        if end < len(plans):
+            out = _fired_before(spark, out, spec, store.resets(end, name), plans[end].spec.max_parallelism)
+        parts.append(out)
+    return reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), parts)
+
+
+def _fired_before(spark: SparkSession, windows: DataFrame, spec, watermarks: dict[int, int],
+                  max_parallelism: int) -> DataFrame:
+    """The windows whose key group's watermark had passed their end + lateness."""
+    table = windows.toArrow()
+    if not table.num_rows:
+        return windows
+    kgs = key_groups_of_columns(table, (spec.key_by,), max_parallelism)
+    missing = sorted(set(kgs.tolist()) - watermarks.keys())
+    if missing:
+        raise Unverifiable(f"{spec.name}: key groups {missing[:5]} recorded no watermark at the reset")
+    marks = np.array([watermarks[int(kg)] for kg in kgs], dtype=np.int64)
+    fired = table.column("window_end").to_numpy() + spec.allowed_lateness_ms <= marks
+    return spark.createDataFrame(table.filter(pa.array(fired)))
 
 
 def _what_it_computes(spec, keep_where: bool) -> dict:

@@ -39,13 +39,15 @@ def run_job(
     prepare=None,
     fresh: bool = True,
     savepoint: Savepoint | None = None,
+    reset: tuple[str, ...] = (),
 ) -> dict:
     """Run until duration (or Ctrl-C, or bounded sources finish), drain, verify, report.
 
     The duration counts from the moment every worker is up. `during(runtime, elapsed_s)`
     is called about every 0.5 s while the job runs (chaos in tests); `prepare(r, plan)` before
     any worker starts. Unless `fresh`, a run of the job that `redis_url` holds goes on from its
-    last commits (LocalRuntime.start); from `savepoint`'s, when given.
+    last commits (LocalRuntime.start); from `savepoint`'s, when given. Going on under a changed spec,
+    the stateful stages in `reset` start their state afresh.
     """
     console = console or Console()
     with contextlib.ExitStack() as stack:
@@ -56,7 +58,7 @@ def run_job(
         runtime = LocalRuntime(job, redis_url, logs)
         stack.callback(runtime.shutdown)
         console.print(f"starting {job.metadata.name} on {redis_url}: workers log to {logs}")
-        if runtime.start(prepare=prepare, fresh=fresh, savepoint=savepoint):
+        if runtime.start(prepare=prepare, fresh=fresh, savepoint=savepoint, reset=reset):
             origin = "the savepoint" if savepoint else f"its last commits in {redis_url}"
             console.print(f"resumed {job.metadata.name} from {origin}")
         started = time.monotonic()

@@ -162,3 +162,45 @@ def test_control_events_reach_every_instance_at_one_cut_through_a_sigkill(redis_
     assert "tag/0: ValueError: asked to fail on instance 0" in fail.stderr
     assert "--event: the job has no handler 'flush'" in unknown.stderr
     assert [r["event"]["name"] for r in report["control_events"]] == ["echo", "load", "state", "fail"]
+
+
+def test_a_window_changed_live_with_its_state_reset_is_exact_through_a_sigkill(redis_server, run, tmp_path):
+    """`count`'s window and aggregations change live, which its state depends on: refused, unless its state is
+    reset (--reset-state). Then each instance drops its windows at its switch, and `count/1` is SIGKILLed
+    before it switched. The oracle replays the records before the cut under the old window, keeping the windows
+    that fired before each key group's reset, and those after it under the new one."""
+    doc = yaml.safe_load((ROOT / "tests/jobs/wordcount-small.yaml").read_text())
+    count = doc["spec"]["stages"][0]
+    count["window"]["sizeMs"] = 3000
+    count["aggregations"].append({"function": "max", "column": "event_time", "as": "last"})
+    changed = tmp_path / "reset.yaml"
+    changed.write_text(yaml.safe_dump(doc))
+    new = load_job(changed)
+    records, cli, killed = [], [], {}
+
+    def change(runtime) -> None:
+        for reset in ([], ["--reset-state", "count"]):
+            cli.append(subprocess.run(
+                [sys.executable, "-m", "streamjobs.cli", "reconfigure", "--job", "wordcount-small", "-f", str(changed),
+                 "--redis-url", redis_server.url, "--dry-run", *reset], capture_output=True, text=True, timeout=60))
+        in_a_thread(lambda _: records.append(runtime.reconfigure(new, reset=("count",))))(runtime)
+        while runtime.jobs.reconfigure_state() is None:
+            time.sleep(0.01)
+        killed.update(runtime.jobs.versions("count"))
+        runtime.kill("count", 1)
+
+    reconfigure = in_a_thread(change)
+    report = run("tests/jobs/wordcount-small.yaml", 40, during=lambda runtime, elapsed: elapsed > 10 and
+                 reconfigure(runtime))
+    assert_exact(report)
+    assert [c.returncode for c in cli] == [2, 0], cli
+    assert "spec.stages[count].window: refused" in cli[0].stdout and "--reset-state count" in cli[0].stdout
+    assert "spec.stages[count]: live (--reset-state" in cli[1].stdout
+    assert "spec.stages[count].window: live" in cli[1].stdout
+    assert not any(killed.values()) and report["restarts"] >= 1, killed  # count/1 died before it switched
+    assert len(records) == 1 and records[0].version == 1, records
+    jobs = RedisJobStore(redis.Redis.from_url(redis_server.url), "wordcount-small")
+    assert set(jobs.resets(1, "count")) == set(range(12))
+    sizes = Counter(int(fields[b"window_end"]) - int(fields[b"window_start"]) for _, fields in
+                    jobs.r.xrange(jobs.keys.output_stream("counts")))
+    assert sizes[2000] > 100 and sizes[3000] > 100, sizes

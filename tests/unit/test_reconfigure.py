@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 from streamjobs_core.codec import decode, encode_barrier
-from streamjobs_core.control import ControlEvent
+from streamjobs_core.control import ControlEvent, ReconfigureRequest
 from streamjobs_core.jobstore import MemoryJobStore
 from streamjobs_core.loading import load_job
 from streamjobs_core.plan import JobPlan
@@ -74,6 +74,35 @@ def test_parallelism_is_a_rescale_and_adding_an_operator_is_refused():
     data["spec"]["sinks"].append({"name": "more", "type": "console", "inputs": ["tag"]})
     refused = diff(base, type(base).model_validate(data)).refused
     assert [c.path for c in refused] == ["spec.sinks[more]"] and "adding" in refused[0].reason
+
+
+def test_a_reset_state_lets_what_the_state_depends_on_change_live():
+    base = job()
+    new = edited(base, count__keyBy="tag", count__window={"type": "tumbling", "sizeMs": 5000})
+    assert [c.path for c in diff(base, new).refused] == ["spec.stages[count].keyBy", "spec.stages[count].window"]
+    assert "--reset-state count" in diff(base, new).refused[0].reason
+    changes = diff(base, new, reset=("count",))
+    assert not changes.refused and {c.path for c in changes.live} == {
+        "spec.stages[count]", "spec.stages[count].keyBy", "spec.stages[count].window"}
+    assert diff(base, base, reset=("count",)).live, "a reset alone is a change"
+    for name in ("tag", "nope"):  # stateless, unknown
+        (refused,) = diff(base, base, reset=(name,)).refused
+        assert refused.path == f"spec.stages[{name}]" and "stateful stage" in refused.reason
+
+
+def test_a_reset_travels_with_its_plan_version_and_its_stage_aligns():
+    store = MemoryJobStore()
+    plan = deployed(store)
+    controller = ReconfigureController(store, sleep=lambda _: [
+        store.record_versions(None, op, range(plan.key_groups(op)), 1) for op in plan.vertices])
+    controller.apply(edited(job(), count__window={"type": "tumbling", "sizeMs": 5000}), reset=("count",))
+    published = store.plan()
+    assert published.resets == ("count",) and JobPlan.from_json(published.to_json()) == published
+    assert store.plan_version(0).resets == ()
+    assert holds_back(store.plan_version(0), published, ("tag",)) and holds_back(
+        store.plan_version(0), published, ("count",))
+    request = ReconfigureRequest(job().model_dump_json(), "r", ("count",))
+    assert ReconfigureRequest.decode(request.encode()) == request
 
 
 def test_a_stateful_function_may_change_over_the_same_state_schema_only():

@@ -215,6 +215,42 @@ def test_a_cut_drops_the_earlier_changes_it_covers_and_keeps_later_ones(make_sto
     assert drained(store) == {0: {"upserts": {(3000, "b"): 2, (1000, "late"): 7}, "deletes": set(), "cut": 2000}}
 
 
+def test_a_reset_drops_every_row_and_the_changes_before_it_and_keeps_those_after(make_store) -> None:
+    store = make_store([0, 1])
+    put(store, 0, 1000, {"a": 1})
+    put(store, 1, 1000, {"b": 2})
+    store.drain_changes()
+    put(store, 0, 2000, {"c": 3})  # before the reset, in the same batch: void
+    store.cut({0: 1000})
+    assert store.reset() == 2 and store.layout is None and contents(store) == {0: {}, 1: {}}
+    store.bind(KEYED)  # the stage built anew binds its own layout
+    store.update(0, [1], lambda current: (rows(1, 0, {"d": 4}), rows(1, 0, {"d": 4}), None))
+    changes = store.drain_changes()
+    assert changes.keys() == {0, 1} and changes[0] == ChangeSet(reset=True)
+    assert changes[1].reset and changes[1].cut is None and changes[1].upserts.to_pylist() == [
+        {"k": "d", "ws": 0, "v": 4}]
+
+    replayed = make_store([0, 1])
+    put(replayed, 0, 1000, {"a": 1})
+    put(replayed, 1, 1000, {"b": 2})
+    replayed.drain_changes()
+    for kg, change in changes.items():  # recovery applies the entry over the rows before
+        replayed.apply(kg, change)
+    assert contents(replayed) == {0: {}, 1: {(0, "d"): 4}}
+
+
+def test_a_changelog_folded_across_a_reset_starts_over_at_it() -> None:
+    log = ChangeLog()
+    log.add(0, ChangeSet(upserts=rows(0, 1000, {"a": 1}).drop_columns([KG]), cut=500))
+    log.add(0, ChangeSet(reset=True))
+    log.add(0, ChangeSet(upserts=rows(0, 2000, {"b": 2}).drop_columns([KG])))
+    log.add(1, ChangeSet(upserts=rows(1, 1000, {"c": 3}).drop_columns([KG])))
+    folded = log.fold(WINDOWS)
+    assert log.was_reset(0) and not log.was_reset(1)
+    assert folded[0].reset and folded[0].cut is None and folded[0].upserts.column("k").to_pylist() == ["b"]
+    assert not folded[1].reset
+
+
 # --- apply, load, table, release --------------------------------------------------------------
 
 
@@ -289,6 +325,8 @@ def test_changelog_fields_round_trip() -> None:
     back = read_changes(changelog_fields(ChangeSet(upserts, deletes, -(2**63) + 5)))
     assert back.upserts.equals(upserts) and back.deletes.equals(deletes) and back.cut == -(2**63) + 5
     assert set(changelog_fields(ChangeSet(cut=3))) == {b"x"}
+    assert read_changes(changelog_fields(ChangeSet(reset=True))) == ChangeSet(reset=True)
+    assert not read_changes(changelog_fields(ChangeSet(cut=3))).reset
 
 
 def test_a_slice_is_encoded_alone() -> None:

@@ -59,13 +59,23 @@ class OperatorChain:
                 member.stage = make_stage(operator, store, spec.max_parallelism, r)
             self.members.append(member)
 
-    def switch(self, plan: JobPlan) -> None:
+    def switch(self, plan: JobPlan) -> dict[str, tuple[dict[int, int], int]]:
         """Run `plan` from the next batch on (a live reconfiguration): a changed stateless stage or sink is
         built anew, a changed stateful stage keeps its state and takes the new fields (reconfigure.py allows
-        only those its state does not depend on)."""
+        only those its state does not depend on), and a stage `plan` resets is built anew over an emptied
+        state. Per stage reset: each owned key group's watermark then, and the rows dropped."""
         self._plan = plan
+        reset = {}
         for member in self.members:
             operator = plan.spec.operator(member.op)
+            if member.op in plan.resets and member.stage is not None:
+                watermarks = member.stage.watermarks()  # what fired before: late records stay late
+                dropped = self._store.reset()
+                member.stage = make_stage(operator, self._store, plan.spec.max_parallelism, self._r)
+                member.stage.restore(watermarks)
+                member.spec = operator
+                reset[member.op] = (watermarks, dropped)
+                continue
             if operator == member.spec:
                 continue
             if member.sink is not None:
@@ -75,6 +85,7 @@ class OperatorChain:
             elif member.stage is not None:
                 member.stage = make_stage(operator, self._store, plan.spec.max_parallelism, self._r)
             member.spec = operator
+        return reset
 
     @property
     def stages(self) -> list[Any]:

@@ -46,10 +46,10 @@ def catch_up(
     entries = 0
     pending = list(kgs)
     while pending:
+        snapshots = {}
         for kg, covered in _covered(r, keys, op, pending).items():
             if _newer(covered, applied.get(kg)):
-                covered, table = read_snapshot(r.get(keys.snapshot(op, kg)))
-                store.load(kg, table)
+                covered, snapshots[kg] = read_snapshot(r.get(keys.snapshot(op, kg)))
                 applied[kg] = covered
         log = ChangeLog()
         pipe = r.pipeline(transaction=False)
@@ -60,6 +60,8 @@ def catch_up(
                 log.add(kg, read_changes(fields))
                 applied[kg] = entry_id
                 entries += 1
+        for kg, table in snapshots.items():  # rows a later reset dropped may not even fit the stage's layout
+            store.load(kg, None if log.was_reset(kg) else table)
         for kg, changes in log.fold(store.layout).items():
             store.apply(kg, changes)
         pending = [kg for kg, covered in _covered(r, keys, op, pending).items() if _newer(covered, applied.get(kg))]
@@ -119,6 +121,8 @@ def changelog_fields(changes: ChangeSet) -> dict[bytes, bytes]:
         fields[b"d"] = to_ipc(changes.deletes)
     if changes.cut is not None:
         fields[b"x"] = str(changes.cut).encode()
+    if changes.reset:
+        fields[b"r"] = b"1"
     return fields
 
 
@@ -128,6 +132,7 @@ def read_changes(fields: dict[bytes, bytes]) -> ChangeSet:
         None if upserts is None else from_ipc(upserts),
         None if deletes is None else from_ipc(deletes),
         None if cut is None else int(cut),
+        b"r" in fields,
     )
 
 

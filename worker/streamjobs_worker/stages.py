@@ -82,6 +82,10 @@ class _SparkStage:
     def restore(self, watermarks: dict[int, int] | None = None) -> None:
         """Stateless stages have nothing to rebuild."""
 
+    def watermarks(self) -> dict[int, int]:
+        """Per owned key group, the watermark every timer fired before (stages without timers: none)."""
+        return {}
+
     def acquire(self, kg: int, watermark: int = MIN_WATERMARK) -> None:
         """A key group taken over mid-run (its state is in the store): stages without timers need nothing."""
 
@@ -188,6 +192,9 @@ class _EventTimeStage(_SparkStage):
 
     def release(self, kg: int) -> None:
         self._watermarks.pop(kg, None)
+
+    def watermarks(self) -> dict[int, int]:
+        return dict(self._watermarks)
 
     def _fired_before(self, kg: int) -> int:
         return self._watermarks.get(kg, MIN_WATERMARK)

@@ -55,12 +55,14 @@ class StateLayout:
 
 @dataclass(frozen=True)
 class ChangeSet:
-    """A key group's changes, applied in this order: `cut` (every row whose segment is at most it is
-    gone: the windows that fired), `deletes` (the identity columns of rows gone), `upserts` (whole rows)."""
+    """A key group's changes, applied in this order: `reset` (every row is gone: the stage's state was reset
+    by a live change), `cut` (every row whose segment is at most it is gone: the windows that fired),
+    `deletes` (the identity columns of rows gone), `upserts` (whole rows)."""
 
     upserts: pa.Table | None = None
     deletes: pa.Table | None = None
     cut: int | None = None
+    reset: bool = False
 
 
 Merge = Callable[[pa.Table | None], tuple[pa.Table | None, pa.Table | None, pa.Table | None]]
@@ -137,13 +139,24 @@ class ChangeLog:
         self._seen: set[int | None] = set()  # segments changed so far (None: unknown)
         self._overlap = False  # whether one row may have changed twice
         self._cuts: dict[int, tuple[int, int]] = {}  # kg -> (bound, sequence number of the cut)
+        self._resets: set[int] = set()  # key groups whose every earlier row is gone
         self._next = 0
 
     def __bool__(self) -> bool:
-        return bool(self._parts or self._cuts)
+        return bool(self._parts or self._cuts or self._resets)
 
     def holds(self, kg: int) -> bool:
-        return kg in self._cuts or any(pc.any(pc.equal(p.column(KG), kg)).as_py() for p in self._parts)
+        return kg in self._cuts or kg in self._resets or any(
+            pc.any(pc.equal(p.column(KG), kg)).as_py() for p in self._parts)
+
+    def was_reset(self, kg: int) -> bool:
+        return kg in self._resets
+
+    def reset(self, kg: int) -> None:
+        """Every row of the key group is gone: the changes before are void, those after apply to nothing."""
+        self._parts = [kept for p in self._parts if (kept := p.filter(pc.not_equal(p.column(KG), kg))).num_rows]
+        self._cuts.pop(kg, None)
+        self._resets.add(kg)
 
     def rows(self, rows: pa.Table, deleted: bool, segment: int | None = None) -> None:
         """Rows (with KG) upserted, or the identity columns (with KG) of rows deleted; `segment` if all share one."""
@@ -163,6 +176,8 @@ class ChangeLog:
 
     def add(self, kg: int, changes: ChangeSet) -> None:
         """Replay a key group's ChangeSet (a changelog entry) after what this log holds."""
+        if changes.reset:
+            self.reset(kg)
         if changes.cut is not None:
             self.cut(kg, changes.cut)
         for part, deleted in ((changes.deletes, True), (changes.upserts, False)):
@@ -190,9 +205,11 @@ class ChangeLog:
                 split = start + int(np.count_nonzero(~deleted[start:end]))
                 folded[kg] = ChangeSet(upserts.slice(start, split - start) if split > start else None,
                                        deletes.slice(split, end - split) if end > split else None,
-                                       self._cuts.get(kg, (None,))[0])
+                                       self._cuts.get(kg, (None,))[0], kg in self._resets)
         for kg, (bound, _) in self._cuts.items():
-            folded.setdefault(kg, ChangeSet(cut=bound))
+            folded.setdefault(kg, ChangeSet(cut=bound, reset=kg in self._resets))
+        for kg in self._resets:
+            folded.setdefault(kg, ChangeSet(reset=True))
         return folded
 
     def _uncut(self, rows: pa.Table, layout: StateLayout) -> pa.Table:
@@ -427,6 +444,8 @@ class KeyGroupStore:
         """Replay a changelog entry (or several, folded) without recording it again."""
         self._check([kg])
         layout = self._bound()
+        if changes.reset:
+            self._backend.drop(kg)
         if changes.cut is not None:
             for segment in self._backend.segments(kg):
                 if segment <= changes.cut:
@@ -440,6 +459,18 @@ class KeyGroupStore:
             current = self._backend.get(kg, segment)
             self._backend.put(kg, segment, replace_rows(current, parts.get("upserts"), parts.get("deletes"),
                                                         layout.key))
+
+    def reset(self) -> int:
+        """Drop every row of every owned key group, recorded as a reset that commits with the batch (a live
+        change that starts the stage's state afresh); the next stage binds its own layout. Returns the rows
+        dropped."""
+        dropped = 0
+        for kg in self._key_groups:
+            dropped += sum(self._backend.get(kg, s).num_rows for s in self._backend.segments(kg))
+            self._backend.drop(kg)
+            self._pending.reset(kg)
+        self._layout = None
+        return dropped
 
     def release(self, kg: int) -> None:
         """Forget a key group handed over to another instance (its changes were committed)."""

@@ -217,7 +217,11 @@ class Worker:
             self.router.barrier(version, txn)
         plan = self.jobs.plan_version(version)
         self.plan, self.spec = plan, plan.spec.operator(self.op)
-        self.chain.switch(plan)
+        for op, (watermarks, dropped) in self.chain.switch(plan).items():
+            self.jobs.record_reset(txn, op, version, watermarks)
+            txn.after_commit.append(lambda op=op, dropped=dropped: log.info(
+                "%s/%d reset the state of %s at plan version %d: %d rows dropped", self.op, self.instance, op,
+                version, dropped))
         if self.router is not None:
             self.router = OutputRouter(plan, self.chain.chain.tail, runs(self.owned))
         self.pacing = Pacing(plan.spec.batching, self.spec, self.is_source, runs_spark=bool(self.chain.stages))
