@@ -159,8 +159,9 @@ def _operator(group: str, old: dict, new: dict, reset: bool = False) -> list[Cha
         elif group == "sources":
             out.append(Change(where, How.REFUSED, "a source's settings define its input: it needs a new job", name))
         elif f in _STATE_FIELDS.get(old.get("type"), ()) and not reset:
-            out.append(Change(where, How.REFUSED, f"the {old['type']} state depends on it: keep it, or reset "
-                              f"the state (--reset-state {name})", name))
+            out.append(Change(where, How.REFUSED, f"the {old['type']} state depends on it: keep it, or start "
+                              f"its state afresh (--reset-state {name}; on Kubernetes, the annotation "
+                              f"streamjobs.dev/reset-state: {name})", name))
         else:
             out.append(Change(where, How.LIVE, operator=name))
     return out

@@ -29,6 +29,9 @@ from .resources import Owner, RedisTarget
 # Written on the StreamJob once its Redis is known, so the finalizer can clean
 # that Redis even after the spec became invalid.
 REDIS_ANNOTATION = "streamjobs.dev/redis"
+# Set by the user with the edit that needs it (`kubectl annotate` or in the applied YAML): the stateful stages,
+# comma-separated, whose state the edit starts afresh (--reset-state). Removed once the edit went through.
+RESET_ANNOTATION = "streamjobs.dev/reset-state"
 
 
 class NotReady(Exception):
@@ -98,7 +101,7 @@ def deploy(ctx: JobContext, body: Any) -> str:
     if ((body.get("metadata") or {}).get("annotations") or {}).get(REDIS_ANNOTATION) != annotation:
         kube.patch("streamjobs", owner.namespace, owner.name, {"metadata": {"annotations": {REDIS_ANNOTATION: annotation}}})
     with ctx.redis(target) as r:
-        store.deploy(r, job, owner.uid)
+        store.deploy(r, job, owner.uid, _annotated_reset(body))
         plan = store.read_plan(r, owner.name)
         kube.ensure("configmaps", resources.configmap(owner, plan.to_json()))
         assigned = store.assignments(r, plan)
@@ -146,10 +149,10 @@ def _ensure_operator(ctx: JobContext, fleet: KubernetesFleet, op: str, assigned:
         fleet.ensure(current, replicas)
 
 
-def check_change(deployed: StreamJob, wanted: StreamJob) -> Reconfiguration:
+def check_change(deployed: StreamJob, wanted: StreamJob, reset: tuple[str, ...] = ()) -> Reconfiguration:
     """What the edit changes; raises UnsupportedChange naming every field that cannot change on the running
-    job (reconfigure.py says which and why)."""
-    changes = diff(deployed, wanted)
+    job (reconfigure.py says which and why), even with the state of the stages in `reset` started afresh."""
+    changes = diff(deployed, wanted, reset)
     if changes.refused:
         raise UnsupportedChange(f"{Refused(changes.refused)}. Nothing was applied: revert these, or delete and re-create the StreamJob")
     if changes.live and wanted.spec.suspend:
@@ -172,26 +175,46 @@ def update(ctx: JobContext, body: Any, report: Callable[[str, dict], None] = lam
     missing (sources of a job created suspended), then suspend, or change live and rescale."""
     with ctx.redis() as r:
         plan = store.read_plan(r, ctx.owner.name)
-    changes = check_change(plan.job, ctx.job) if plan is not None else None
+    reset = _reset_asked(plan, ctx.job, body)
+    changes = check_change(plan.job, ctx.job, reset) if plan is not None else None
     if deploy(ctx, body) == status.SUSPENDED:
         ctx.fleet().scale_all(lambda op: 0)
         return status.SUSPENDED
     if changes is not None and changes.live:
-        reconfigure(ctx, changes, report)
+        reconfigure(ctx, changes, report, reset)
     return rescale(ctx, report)
 
 
+def _annotated_reset(body: Any) -> tuple[str, ...]:
+    raw = ((body.get("metadata") or {}).get("annotations") or {}).get(RESET_ANNOTATION) or ""
+    return tuple(name.strip() for name in raw.split(",") if name.strip())
+
+
+def _reset_asked(plan: JobPlan | None, wanted: StreamJob, body: Any) -> tuple[str, ...]:
+    """The stages RESET_ANNOTATION names, when the edit changes something live or refused: the annotation goes
+    with the edit that needs it, and a handler retried after that edit went through resets nothing again."""
+    reset = _annotated_reset(body)
+    if not reset or plan is None:
+        return ()
+    edit = diff(plan.job, wanted)
+    return reset if edit.live or edit.refused else ()
+
+
 def reconfigure(ctx: JobContext, changes: Reconfiguration,
-                report: Callable[[str, dict], None] = lambda reason, record: None) -> None:
+                report: Callable[[str, dict], None] = lambda reason, record: None, reset: tuple[str, ...] = ()) -> None:
     """The live part of an edit, at a consistent cut (reconfigure.py): an Event per change, then one with what
-    it cost; the plan in the ConfigMap follows."""
+    it cost; the plan in the ConfigMap follows. The stages in `reset` start their state afresh, and the
+    annotation that asked for it goes."""
     for change in changes.live:
         report("ReconfigureStarted", {"field": change.path, "operator": change.operator})
     ctx.status.phase(status.RECONFIGURING, "; ".join(c.describe() for c in changes.live))
     with ctx.redis() as r:
         jobs = RedisJobStore(r, ctx.owner.name)
-        _, record = ReconfigureController(jobs, ctx.settings.ready_timeout_s).apply(ctx.job)
+        _, record = ReconfigureController(jobs, ctx.settings.ready_timeout_s).apply(ctx.job, reset=reset)
         _publish_plan(ctx, jobs.plan())
+    if reset:
+        ctx.kube.patch("streamjobs", ctx.owner.namespace, ctx.owner.name,
+                       {"metadata": {"annotations": {RESET_ANNOTATION: None}}})
     if record is not None:
         ctx.status.patch(lastReconfiguration=record.as_dict())
         report("Reconfigured", record.as_dict())

@@ -52,7 +52,7 @@ def _ca_file(pem: str) -> str:
     return str(path)
 
 
-def deploy(r, job: StreamJob, uid: str) -> bool:
+def deploy(r, job: StreamJob, uid: str, reset: tuple[str, ...] = ()) -> bool:
     """Write the plan and every operator's first assignment, once per StreamJob object.
 
     Create handlers are retried after a failure; a retry must not wipe a job whose
@@ -60,15 +60,15 @@ def deploy(r, job: StreamJob, uid: str) -> bool:
     that finds it does nothing. Keys of an earlier object of the same name (its
     finalizer did not run) are cleared first. A spec with `restoreFrom` puts the
     savepoint's keys (state, offsets, plan, assignments) in their place instead; it
-    raises SavepointError, naming the field, if it cannot. Returns whether it wrote
-    anything.
+    raises SavepointError, naming the field, if it cannot, even with the state of
+    the stages in `reset` started afresh. Returns whether it wrote anything.
     """
     jobs = RedisJobStore(r, job.metadata.name)
     if jobs.deployed_by() == uid:
         return False
     if job.spec.restore_from:  # its input streams stay: the savepoint's offsets point into them
         savepoint = read_restore_from(job)
-        check(savepoint, job)
+        check(savepoint, job, reset)
         restore(jobs, savepoint, owner=uid)
         return True
     jobs.clear(keep_input=False)

@@ -1,8 +1,10 @@
 """A StreamJob created with `spec.restoreFrom` goes on from a savepoint of an earlier one: state, offsets and
-outputs, its spec's changes applied as an edit's; a savepoint it cannot take is refused, naming the field."""
+outputs, its spec's changes applied as an edit's (a window's, with the reset-state annotation); a savepoint it
+cannot take is refused, naming the field."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -10,7 +12,7 @@ from streamjobs import oracle
 from streamjobs_core.jobstore import RedisJobStore
 
 from .conftest import NAMESPACE, events, eventually
-from .jobs import apply, phase, window_counts
+from .jobs import apply, get, phase, window_counts
 
 
 def test_a_job_restored_from_a_savepoint_goes_on_rescaled_and_exact(
@@ -29,8 +31,18 @@ def test_a_job_restored_from_a_savepoint_goes_on_rescaled_and_exact(
     eventually(lambda: kube.get("streamjobs", NAMESPACE, "saved") is None, 60, "saved deleted")
     assert redis_client.xlen(out) == 0
 
-    job(window_counts("saved", parallelism=2, restoreFrom=str(path)))
+    # Restored with a longer window, which its state depends on: the annotation starts that state afresh.
+    restored = window_counts("saved", parallelism=2, restoreFrom=str(path))
+    restored["spec"]["stages"][0]["window"]["sizeMs"] = 2000
+    restored["metadata"]["annotations"] = {"streamjobs.dev/reset-state": "counts"}
+    job(restored)
     eventually(lambda: jobs.assignment("counts").parallelism == 2, 180, "the restored job rescaled")
+    done = eventually(lambda: [json.loads(e["message"]) for e in events(emulator, "saved")
+                               if e["reason"] == "Reconfigured"], 60, "a Reconfigured event")
+    assert "spec.stages[counts].window: live" in done[0]["changes"] and jobs.plan().resets == ("counts",)
+    eventually(lambda: "streamjobs.dev/reset-state" not in (get(kube, "saved")["metadata"].get("annotations")
+                                                             or {}), 30, "the annotation removed")
+    assert set(jobs.resets(1, "counts")) == set(range(12))
     assert jobs.plan().t0_ms == t0  # event time goes on from the first run's origin
     assert redis_client.xrange(out, count=30) == written
     more = redis_client.xlen(out) + 30
