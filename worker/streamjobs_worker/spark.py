@@ -42,6 +42,11 @@ def session(master: str | None = None, memory: str | None = None, java_options: 
         .config("spark.sql.execution.arrow.localRelationThreshold", "0")
         .config("spark.sql.execution.arrow.maxRecordsPerBatch", "1000000")
         .config("spark.sql.session.timeZone", "UTC")
+        # ICU's case mapping (Spark's default since 4.0) builds its tables on a JVM's first
+        # upper()/lower(): 1.0-1.3 s of CPU, paid inside the batch of whichever query uses it
+        # first, e.g. one swapped in live. The JVM's own mapping (Spark 3's, and Flink's) costs
+        # ~0.1 s; the two differ only for characters newer than the JDK's Unicode version.
+        .config("spark.sql.icu.caseMappings.enabled", "false")
         .config("spark.driver.memory", memory or os.environ.get("STREAMJOBS_SPARK_MEMORY", "1g"))
         .config("spark.driver.extraJavaOptions", f"-XX:+UseSerialGC {java_options or ''}".strip())
         .getOrCreate()
