@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 
 import redis
 import yaml
@@ -87,15 +88,30 @@ def test_a_job_stopped_without_draining_goes_on_from_its_last_commits_exactly(re
     jobs.clear(keep_input=False)
 
 
-def test_a_savepoint_of_a_running_job_goes_on_in_another_redis_rescaled_exactly_through_a_sigkill(
+def test_a_savepoint_goes_on_in_another_redis_rescaled_with_a_window_reset_exactly_through_a_sigkill(
         redis_server, tmp_path):
     """Taken while the job runs, with windows open and records between its operators; restored into another
-    redis-server under a spec with one more `count` instance; a worker SIGKILLed there. The output there
-    begins with what the job had written at the savepoint, and all of it is exact."""
+    redis-server under a spec with one more `count` instance and a longer window with one more aggregation. That
+    window change is refused unless `count`'s state is reset (--reset-state): then each instance drops its windows
+    at its switch, and `count/1` is SIGKILLed there after it. The output there begins with what the job had
+    written at the savepoint; the oracle replays the records before each key group's reset under the old window,
+    keeping the windows that fired before it, and those after it under the new one: all of it exact."""
     r = redis.Redis.from_url(redis_server.url)
     jobs = RedisJobStore(r, "wordcount-small")
     out = jobs.keys.output_stream("counts")
+    doc = yaml.safe_load((ROOT / "tests/jobs/wordcount-small.yaml").read_text())
+    count = doc["spec"]["stages"][0]
+    count["parallelism"] = 3
+    count["window"]["sizeMs"] = 3000
+    count["aggregations"].append({"function": "max", "column": "event_time", "as": "last"})
+    changed = tmp_path / "changed.yaml"
+    changed.write_text(yaml.safe_dump(doc))
+
     first = _first_run(redis_server.url, r, jobs)
+    dry_runs = [subprocess.run([sys.executable, "-m", "streamjobs.cli", "reconfigure", "--job", "wordcount-small",
+                                "-f", str(changed), "--redis-url", redis_server.url, "--dry-run", *reset],
+                               capture_output=True, text=True, timeout=60)
+                for reset in ([], ["--reset-state", "count"])]
     path = tmp_path / "wordcount.savepoint"
     taken = subprocess.run([sys.executable, "-m", "streamjobs.cli", "savepoint", "--job", "wordcount-small",
                             "--redis-url", redis_server.url, "--path", str(path)], capture_output=True, text=True,
@@ -106,14 +122,24 @@ def test_a_savepoint_of_a_running_job_goes_on_in_another_redis_rescaled_exactly_
     first.send_signal(signal.SIGKILL)
     first.communicate()
     jobs.clear(keep_input=False)
+    assert [c.returncode for c in dry_runs] == [2, 0], dry_runs
+    assert "spec.stages[count].window: refused" in dry_runs[0].stdout
+    assert "--reset-state count" in dry_runs[0].stdout
+    assert "spec.stages[count]: live (--reset-state" in dry_runs[1].stdout
+    assert "spec.stages[count].window: live" in dry_runs[1].stdout
 
-    doc = yaml.safe_load((ROOT / "tests/jobs/wordcount-small.yaml").read_text())
-    doc["spec"]["stages"][0]["parallelism"] = 3
     during = killer([(6, "count", 1)])
     with RedisServer() as other:
         report = run_job(parse_job(doc), 18, redis_url=other.url, console=Console(force_terminal=False),
-                         log_dir=str(tmp_path / "logs"), during=during, savepoint=Savepoint.read(path))
-        assert redis.Redis.from_url(other.url).xrange(out, count=300) == written
+                         log_dir=str(tmp_path / "logs"), during=during, savepoint=Savepoint.read(path),
+                         reset=("count",))
+        restored = RedisJobStore(redis.Redis.from_url(other.url), "wordcount-small")
+        assert restored.r.xrange(out, count=300) == written
+        [reconfigured] = report["reconfigurations"]
+        assert set(restored.resets(reconfigured["version"], "count")) == set(range(12))
+        sizes = Counter(int(fields[b"window_end"]) - int(fields[b"window_start"])
+                        for _, fields in restored.r.xrange(out))
+    assert sizes[2000] >= 300 and sizes[3000] > 100, sizes
     assert during.killed == ["count/1"] and report["restarts"] >= 1
     assert report["autoscaler"]["final_parallelism"]["count"] == 3
     assert [c["operator"] for c in report["rescales"]] == ["count"]
