@@ -46,6 +46,8 @@ from .watermarks import Runs, decode_runs, encode_runs
 
 class Commit(Protocol):
     def hset(self, key: str, mapping: dict) -> None: ...
+    def hdel(self, key: str, *fields: str) -> None: ...
+    def delete(self, key: str) -> None: ...
 
 
 class JobStore(Protocol):
@@ -179,6 +181,8 @@ class JobStore(Protocol):
     def record_streams(self, commit: Commit, op: str, progress: dict[str, tuple[bytes, Runs]]) -> None:
         """Per input stream: the last entry consumed and its upstream instances' watermarks."""
     def streams(self, op: str, names: list[str]) -> list[tuple[bytes | None, Runs | None]]: ...
+    def forget_streams(self, commit: Commit, op: str, names: list[str]) -> None:
+        """Input streams `op` reads no more (their producer's tail changed live): them and their progress."""
 
 
 class ChangeInProgress(RuntimeError):
@@ -577,6 +581,13 @@ class RedisJobStore:
             commit.hset(self.keys.watermarks(op),
                         mapping={name: encode_runs(runs) for name, (_, runs) in progress.items()})
 
+    def forget_streams(self, commit: Commit, op: str, names: list[str]) -> None:
+        if names:
+            commit.hdel(self.keys.offsets(op), *names)
+            commit.hdel(self.keys.watermarks(op), *names)
+            for name in names:
+                commit.delete(name)
+
     def streams(self, op: str, names: list[str]) -> list[tuple[bytes | None, Runs | None]]:
         if not names:
             return []
@@ -883,6 +894,10 @@ class MemoryJobStore:
     def record_streams(self, commit: Commit | None, op: str, progress: dict[str, tuple[bytes, Runs]]) -> None:
         for name, committed in progress.items():
             self._streams[(op, name)] = committed
+
+    def forget_streams(self, commit: Commit | None, op: str, names: list[str]) -> None:
+        for name in names:
+            self._streams.pop((op, name), None)
 
     def streams(self, op: str, names: list[str]) -> list[tuple[bytes | None, Runs | None]]:
         return [self._streams.get((op, name), (None, None)) for name in names]

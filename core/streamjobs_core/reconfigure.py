@@ -2,10 +2,13 @@
 
 What may change live is decided field by field (`diff`): a stage's logic
 (`query`, `function`, `where`, `select`, ...), `onError`, `simulatedCostUs`,
-a sink's settings, batching and snapshot settings. A stateful stage keeps its
-state only while its key and its state's meaning stay: its key, window,
-aggregations, join bounds or state schema cannot change live, and such a
-change is refused with the field named, never applied with the state dropped.
+a sink's settings, batching and snapshot settings, and the graph inside a
+chain: a stateless stage or a sink added to or removed from a chain (the chains'
+heads, which run on workers, and the streams between chains stay; chaining.py).
+A stateful stage keeps its state only while its key and its state's meaning
+stay: its key, window, aggregations, join bounds or state schema cannot change
+live unless its state is reset, and such a change is refused with the field
+named, never applied with the state dropped.
 Parallelism is a rescale (rescale.py), done after the live part.
 
 How it happens (Chi's control events, carried like Flink's checkpoint
@@ -30,9 +33,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
+from .chaining import Chain, chains
 from .control import ControlEvent, ControlRecord, ReconfigureRecord, ReconfigureState
 from .jobstore import JobStore
-from .plan import JobPlan
+from .plan import JobPlan, routing_key
 from .rescale import Fleet
 from .spec import BUILT_IN_HANDLERS, StreamJob
 
@@ -111,16 +115,50 @@ def diff(old: StreamJob, new: StreamJob, reset: Iterable[str] = ()) -> Reconfigu
         if key in _GROUPS or key in _NOT_THE_JOBS or a.get(key) == b.get(key):
             continue
         changes.extend(_settings(key, a.get(key), b.get(key)))
+    reshaped = _reshaped(old.spec, new.spec)
     for group in _GROUPS:
         before = {op["name"]: op for op in a[group]}
         after = {op["name"]: op for op in b[group]}
         for name in sorted(before.keys() ^ after.keys()):
-            verb = "adding" if name in after else "removing"
-            changes.append(Change(f"spec.{group}[{name}]", How.REFUSED,
-                                  f"{verb} an operator is not live yet: it needs a new job", name))
+            changes.append(_added_or_removed(group, (after if name in after else before)[name], name in after,
+                                             reshaped))
         for name in sorted(before.keys() & after.keys()):
-            changes.extend(_operator(group, before[name], after[name], name in reset))
+            changes.extend(_operator(group, before[name], after[name], name in reset, reshaped))
     return Reconfiguration(tuple(changes))
+
+
+def _reshaped(old, new) -> str | None:
+    """Why the graph `new` has cannot replace `old`'s live, or None: it may change only inside chains, where a
+    record goes from one member to the next in the same batch. The chains' heads (what runs on workers, owns
+    key groups and is rescaled) and the edges between chains (the streams, and how they partition) stay."""
+    before, after = chains(old), chains(new)
+    if {c.head for c in before} != {c.head for c in after}:
+        return (f"it changes the job's graph and the workers it runs on (chains {_heads(before)} -> "
+                f"{_heads(after)}): only an operator chained into its neighbours comes or goes live")
+    if _edges_between(old, before) != _edges_between(new, after):
+        return "it changes the job's graph between chains (the streams, or their partitioning): it needs a new job"
+    return None
+
+
+def _heads(found: tuple[Chain, ...]) -> str:
+    return ", ".join(" -> ".join(c.operators) for c in found)
+
+
+def _edges_between(spec, found: tuple[Chain, ...]) -> set[tuple[str, str, tuple[str, ...] | None]]:
+    """(producer chain, consumer chain, routing columns) per stream: a chain's tail feeds other chains' heads."""
+    return {(c.head, consumer.name, routing_key(consumer, c.tail)) for c in found for consumer in spec.consumers(c.tail)}
+
+
+def _added_or_removed(group: str, op: dict, added: bool, reshaped: str | None) -> Change:
+    """A stage or sink chained between two operators (or at a chain's end) comes or goes live; anything else
+    changes the workers or the streams between them."""
+    path, name, verb = f"spec.{group}[{op['name']}]", op["name"], "adding" if added else "removing"
+    if group == "sources" or op["type"] in _STATE_FIELDS:
+        what = "a source" if group == "sources" else f"a {op['type']} stage"
+        return Change(path, How.REFUSED, f"{verb} {what} is not live yet: it needs a new job", name)
+    if reshaped is not None:
+        return Change(path, How.REFUSED, f"{verb} it: {reshaped}", name)
+    return Change(path, How.LIVE, f"{'added to' if added else 'removed from'} a chain", name)
 
 
 def _reset(name: str, old: dict, new: dict) -> Change:
@@ -146,7 +184,7 @@ def _settings(key: str, old, new) -> list[Change]:
     return [Change(f"spec.{key}", How.REFUSED, "read when the job starts: it needs a new job")]
 
 
-def _operator(group: str, old: dict, new: dict, reset: bool = False) -> list[Change]:
+def _operator(group: str, old: dict, new: dict, reset: bool, reshaped: str | None) -> list[Change]:
     path = f"spec.{group}[{old['name']}]"
     out = []
     for f in _changed_fields(old, new):
@@ -154,8 +192,11 @@ def _operator(group: str, old: dict, new: dict, reset: bool = False) -> list[Cha
         name = old["name"]
         if f == "parallelism":
             out.append(Change(where, How.RESCALE, f"{old[f]} -> {new[f]}", name))
+        elif f == "type" or (f in _SHAPE_FIELDS and reshaped is not None):
+            out.append(Change(where, How.REFUSED, reshaped or "it changes the job's graph: it needs a new job",
+                              name))
         elif f in _SHAPE_FIELDS:
-            out.append(Change(where, How.REFUSED, "it changes the job's graph: it needs a new job", name))
+            out.append(Change(where, How.LIVE, "the graph changes inside chains only", name))
         elif group == "sources":
             out.append(Change(where, How.REFUSED, "a source's settings define its input: it needs a new job", name))
         elif f in _STATE_FIELDS.get(old.get("type"), ()) and not reset:
@@ -178,7 +219,11 @@ def holds_back(old: JobPlan, new: JobPlan, operators: tuple[str, ...]) -> bool:
     is processed the same under either plan, and no operator downstream tells the two apart, so an instance
     reads through its barriers and switches once the last has passed, holding nothing back (Flink's aligned
     checkpoints hold every channel; a reconfiguration needs to hold only where the cut shows)."""
-    affected = {op.name for op in new.spec.operators if op != old.spec.operator(op.name)} | set(new.resets)
+    before = {op.name: op for op in old.spec.operators}
+    after = {op.name for op in new.spec.operators}
+    # Added, changed and removed operators (a chain whose member went computes differently too).
+    affected = {op.name for op in new.spec.operators if op != before.get(op.name)} | (before.keys() - after)
+    affected |= set(new.resets)
     if new.control is not None:
         affected.add(new.control.operator)
     reach, frontier = set(operators), list(operators)
@@ -322,11 +367,17 @@ def ask(store: JobStore, event: ControlEvent, timeout_s: float, sleep: Callable[
 
 
 def _with_parallelism(job: StreamJob, running: StreamJob) -> StreamJob:
+    """`job` at the running parallelism; an operator it adds runs in the chain it joins (diff allows only that),
+    so at its input's."""
     spec = job.spec
-    groups = {}
-    for group in _GROUPS:
-        groups[group] = tuple(op.model_copy(update={"parallelism": running.spec.operator(op.name).parallelism})
-                              for op in getattr(spec, group))
+    running_names = {op.name for op in running.spec.operators}
+    parallelism: dict[str, int] = {}
+    for name in spec.topological_order():
+        op = spec.operator(name)
+        parallelism[name] = (running.spec.operator(name).parallelism if name in running_names
+                             else parallelism[op.inputs[0]])
+    groups = {group: tuple(op.model_copy(update={"parallelism": parallelism[op.name]}) for op in getattr(spec, group))
+              for group in _GROUPS}
     return job.model_copy(update={"spec": spec.model_copy(update=groups)})
 
 

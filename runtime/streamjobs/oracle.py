@@ -229,8 +229,9 @@ def _evaluate(spark: SparkSession, r: redis.Redis, op, inputs: list[DataFrame]) 
     return union
 
 
-# Fields that change how an operator runs, not what it computes.
-_HOW_IT_RUNS = ("parallelism", "onError", "simulatedCostUs", "allowedLatenessMs", "maxLength", "path")
+# Fields that change how an operator runs, not what it computes; `inputs`, where its records come from, is
+# followed per version (_wired).
+_HOW_IT_RUNS = ("parallelism", "onError", "simulatedCostUs", "allowedLatenessMs", "maxLength", "path", "inputs")
 
 
 def _reconfigured_outputs(spark: SparkSession, r: redis.Redis, plans: list[JobPlan]) -> dict[str, DataFrame]:
@@ -246,9 +247,10 @@ def _reconfigured_outputs(spark: SparkSession, r: redis.Redis, plans: list[JobPl
     cuts = {p.version: store.cut(p.version) for p in plans[1:]}
     frames: dict[str, DataFrame] = {}
     versioned: dict[str, bool] = {}  # whether each row of the frame says its version
-    for name in latest.spec.topological_order():
-        specs = [p.spec.operator(name) for p in plans]
-        op = specs[-1]
+    for name in _in_order(plans):
+        # None where a version has no such operator (a member added to or removed from a chain live)
+        specs = [_operator_or_none(p, name) for p in plans]
+        op = next(spec for spec in reversed(specs) if spec is not None)
         if op in latest.spec.sources:
             frames[name] = spark.createDataFrame(_versioned_source(r, plans, name, cuts)).withColumn(
                 "_ingest_ms", F.lit(0))
@@ -260,19 +262,21 @@ def _reconfigured_outputs(spark: SparkSession, r: redis.Redis, plans: list[JobPl
             versioned[name] = False
             continue
         computes = {json.dumps(_what_it_computes(s, keep_where=op.type not in STATEFUL_TYPES), sort_keys=True)
-                    for s in specs}
-        if len(computes) > 1 and (op.type in STATEFUL_TYPES or not all(versioned[u] for u in op.inputs)):
+                    for s in specs if s is not None}
+        inputs = _wired(frames, versioned, specs, range(len(plans)))
+        if len(computes) > 1 and (op.type in STATEFUL_TYPES or not all(v for _, v in inputs)):
             raise Unverifiable(f"{name}: changed live {'' if op.type in STATEFUL_TYPES else 'downstream of a '}"
                                "stateful stage; records of several plan versions meet in its state, so the oracle "
                                "cannot tell which version each output row met")
-        if op.type in STATEFUL_TYPES or not all(versioned[u] for u in op.inputs):
-            inputs = [_where_per_version(frames[u], specs, versioned[u]) for u in op.inputs]
-            frames[name] = _evaluate(spark, r, op, inputs)
+        if op.type in STATEFUL_TYPES or not all(v for _, v in inputs):
+            frames[name] = _evaluate(spark, r, op, [_where_per_version(f, specs, v) for f, v in inputs])
             versioned[name] = False
             continue
         parts = []
         for version, spec in enumerate(specs):
-            inputs = [frames[u].filter(F.col("_v") == version) for u in op.inputs]
+            if spec is None:
+                continue
+            inputs = [frames[u].filter(F.col("_v") == version) for u in spec.inputs]
             if getattr(spec, "where", None):
                 inputs = [frame.filter(spec.where) for frame in inputs]
             parts.append(_evaluate(spark, r, spec, inputs).withColumn("_v", F.lit(version)))
@@ -299,13 +303,54 @@ def _with_resets(spark: SparkSession, r: redis.Redis, store: RedisJobStore, plan
         if len({json.dumps(_what_it_computes(s, keep_where=False), sort_keys=True) for s in stretch}) > 1:
             raise Unverifiable(f"{name}: changed live without a reset of its state")
         spec = stretch[-1]
-        inputs = [_where_per_version(frames[u].filter(F.col("_v").between(start, end - 1)), specs, True)
-                  for u in spec.inputs]
+        inputs = [_where_per_version(frame, specs, True)
+                  for frame, _ in _wired(frames, versioned, specs, range(start, end))]
         out = _evaluate(spark, r, spec, inputs)
         if end < len(plans):
             out = _fired_before(spark, out, spec, store.resets(end, name), plans[end].spec.max_parallelism)
         parts.append(out)
     return reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), parts)
+
+
+def _in_order(plans: list[JobPlan]) -> list[str]:
+    """Every operator of every version, each after all its inputs in any version."""
+    inputs: dict[str, set[str]] = {}
+    for plan in plans:
+        for op in plan.spec.operators:
+            inputs.setdefault(op.name, set()).update(getattr(op, "inputs", ()))
+    order: list[str] = []
+    while len(order) < len(inputs):
+        order.extend(sorted(n for n, ups in inputs.items() if n not in order and ups <= set(order)))
+    return order
+
+
+def _operator_or_none(plan: JobPlan, name: str):
+    try:
+        return plan.spec.operator(name)
+    except KeyError:
+        return None
+
+
+def _wired(frames: dict[str, DataFrame], versioned: dict[str, bool], specs: list,
+           versions: range) -> list[tuple[DataFrame, bool]]:
+    """Each input of an operator over `versions`, and whether its rows say their version: the records of the
+    upstream each version names (a member added to or removed from a chain live renames its next one's input)."""
+    present = [v for v in versions if specs[v] is not None]
+    out = []
+    for i in range(len(specs[present[-1]].inputs)):
+        names = {specs[v].inputs[i] for v in present}
+        if len(names) == 1:
+            (name,) = names
+            whole = versions.start == 0 and versions.stop == len(specs)
+            frame = frames[name] if whole else frames[name].filter(F.col("_v").between(versions.start,
+                                                                                       versions.stop - 1))
+            out.append((frame, versioned[name]))
+            continue
+        if not all(versioned[n] for n in names):
+            raise Unverifiable(f"{specs[present[-1]].name}: its input was rewired live downstream of a stateful stage")
+        parts = [frames[specs[v].inputs[i]].filter(F.col("_v") == v) for v in present]
+        out.append((reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), parts), True))
+    return out
 
 
 def _fired_before(spark: SparkSession, windows: DataFrame, spec, watermarks: dict[int, int],
@@ -408,12 +453,14 @@ def verify(spark: SparkSession, r: redis.Redis, plan: JobPlan) -> dict:
     except Unverifiable as exc:
         return {"correct": None, "reason": f"cannot verify: {exc}"}
     result: dict[str, Any] = {"correct": True, "lost": 0, "duplicated": 0, "unexpected": 0, "sinks": {}}
-    for sink in plan.spec.sinks:
-        actual = actual_output(spark, r, plan, sink.name)
+    # Every sink of every version, with the last plan it is in: one removed live holds what it wrote before.
+    last_in = {sink.name: p for p in RedisJobStore(r, plan.name).plans() for sink in p.spec.sinks}
+    for name, owner in last_in.items():
+        actual = actual_output(spark, r, owner, name)
         if actual is None:
-            result["sinks"][sink.name] = {"checked": False, "reason": "console output is not kept"}
+            result["sinks"][name] = {"checked": False, "reason": "console output is not kept"}
             continue
-        frame = expected[sink.name]
+        frame = expected[name]
         columns = sorted(c for c in frame.columns if not c.startswith("_"))
         want = _rows([row.asDict() for row in frame.select(*[f"`{c}`" for c in columns]).collect()], columns)
         got = _rows(actual, columns)
@@ -421,7 +468,7 @@ def verify(spark: SparkSession, r: redis.Redis, plan: JobPlan) -> dict:
         extra = got - want
         duplicated = sum(n for row, n in extra.items() if row in want)
         unexpected = sum(n for row, n in extra.items() if row not in want)
-        result["sinks"][sink.name] = {
+        result["sinks"][name] = {
             "expected": sum(want.values()), "actual": sum(got.values()),
             "lost": lost, "duplicated": duplicated, "unexpected": unexpected,
             "examples_lost": [list(r) for r in list(want - got)[:3]],

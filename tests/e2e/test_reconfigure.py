@@ -17,40 +17,64 @@ from streamjobs_core.loading import load_job
 from .conftest import ROOT, assert_exact, in_a_thread
 
 
-def test_a_new_query_and_where_switch_at_one_cut_through_sigkills_mid_alignment(redis_server, run, tmp_path):
+def test_a_new_query_where_and_stages_switch_at_one_cut_through_sigkills_mid_alignment(redis_server, run, tmp_path):
     """`tag` (a query on its own workers) and `count` (a window) change live while words flow; a `tag` and a
     `count` instance are SIGKILLed while the barriers travel. Every record is processed under the plan in
     force at its source offset by every operator: the oracle replays each one under its version, so a record
     processed under both plans, or neither, or the wrong one, shows as lost or duplicated. Then `streamjobs
-    reconfigure` asks the running job for a third version, after one it refuses."""
+    reconfigure` asks the running job for more versions, after one it refuses: a stage `mark` added to the
+    sources' chain (the streams into `tag` now come from it), with a source instance SIGKILLed as the version
+    is published and a `tag` instance before it switched; then `mark` removed again."""
     new = load_job(ROOT / "tests/jobs/reconfigured-v1.yaml")
     doc = yaml.safe_load((ROOT / "tests/jobs/reconfigured-v1.yaml").read_text())
-    doc["spec"]["stages"][0]["simulatedCostUs"] = 50
-    third = tmp_path / "v2.yaml"
-    third.write_text(yaml.safe_dump(doc))
     doc["spec"]["stages"][1]["keyBy"] = "tag"
     refused = tmp_path / "refused.yaml"
     refused.write_text(yaml.safe_dump(doc))
+    doc = yaml.safe_load((ROOT / "tests/jobs/reconfigured-v1.yaml").read_text())
+    tag = doc["spec"]["stages"][0]
+    tag["simulatedCostUs"] = 50
+    removed = tmp_path / "v3.yaml"
+    removed.write_text(yaml.safe_dump(doc))
+    tag["inputs"] = ["mark"]
+    doc["spec"]["stages"].insert(0, {"name": "mark", "type": "sql", "inputs": ["words"], "parallelism": 2,
+                                     "query": "SELECT * FROM input WHERE word <> 'w2'"})
+    added = tmp_path / "v2.yaml"
+    added.write_text(yaml.safe_dump(doc))
     records, cli = [], []
     killed: dict[str, dict[int, int]] = {}  # instance -> the versions of its operator's key groups when killed
 
+    def reconfigure_cli(path, during=lambda: None) -> None:
+        with subprocess.Popen([sys.executable, "-m", "streamjobs.cli", "reconfigure", "--job", "reconfigured",
+                               "-f", str(path), "--redis-url", redis_server.url, "--wait", "120"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as asked:
+            during()
+            out, err = asked.communicate(timeout=180)
+        cli.append(subprocess.CompletedProcess(asked.args, asked.returncode, out, err))
+
     def change(runtime) -> None:
+        def kill(op: str, index: int) -> None:
+            killed[f"{op}/{index}"] = runtime.jobs.versions(op)
+            runtime.kill(op, index)
+
+        def kill_once_published(op: str, index: int) -> None:
+            deadline = time.monotonic() + 60
+            while runtime.jobs.reconfigure_state() is None and time.monotonic() < deadline:
+                time.sleep(0.01)
+            kill(op, index)
+
         try:
             in_a_thread(lambda _: records.append(runtime.reconfigure(new)))(runtime)
-            while runtime.jobs.reconfigure_state() is None:  # published: the sources cut at their next commit
-                time.sleep(0.01)
-            for op, index in (("tag", 0), ("count", 1)):  # tag/0 comes back to barriers it has not passed yet
-                killed[f"{op}/{index}"] = runtime.jobs.versions(op)
-                runtime.kill(op, index)
-                time.sleep(0.5)
+            kill_once_published("tag", 0)  # tag/0 comes back to barriers it has not passed yet
+            time.sleep(0.5)
+            kill("count", 1)
             while not records:
                 time.sleep(0.1)
-            for path in (refused, third):
-                cli.append(subprocess.run(
-                    [sys.executable, "-m", "streamjobs.cli", "reconfigure", "--job", "reconfigured", "-f",
-                     str(path), "--redis-url", redis_server.url, "--wait", "120"],
-                    capture_output=True, text=True, timeout=180))
-            time.sleep(10)  # words flow under the third version
+            reconfigure_cli(refused)
+            # words/0 (its chain gains `mark`) comes back while the version is out; tag/1 then meets the barriers
+            reconfigure_cli(added, lambda: (kill_once_published("words", 0), kill("tag", 1)))
+            time.sleep(4)  # words flow through `mark`
+            reconfigure_cli(removed)
+            time.sleep(8)  # words flow under the last version
         finally:
             runtime.request_stop()  # however long the changes took on a loaded machine
 
@@ -62,13 +86,17 @@ def test_a_new_query_and_where_switch_at_one_cut_through_sigkills_mid_alignment(
 
     report = run("tests/jobs/reconfigured.yaml", None, during=during)
     assert_exact(report)
-    assert list(killed) == ["tag/0", "count/1"] and report["restarts"] >= 2
+    assert list(killed) == ["tag/0", "count/1", "words/0", "tag/1"] and report["restarts"] >= 4
     assert not any(killed["tag/0"].values()) and not any(killed["count/1"].values()), killed  # before they switched
+    assert set(killed["tag/1"].values()) == {1}, killed  # before it switched to the version adding `mark`
     assert len(records) == 1 and records[0].version == 1, records
-    assert [c.returncode for c in cli] == [2, 0], cli
+    assert [c.returncode for c in cli] == [2, 0, 0], cli
     assert "spec.stages[count].keyBy: refused" in cli[0].stdout
-    assert json.loads(cli[1].stdout.splitlines()[-1])["version"] == 2
-    assert [r["version"] for r in report["reconfigurations"]] == [1, 2]
+    assert "spec.stages[mark]: live (added to a chain)" in cli[1].stdout
+    assert [json.loads(c.stdout.splitlines()[-1])["version"] for c in cli[1:]] == [2, 3]
+    assert [r["version"] for r in report["reconfigurations"]] == [1, 2, 3]
+    streams = redis.Redis.from_url(redis_server.url).keys(JobKeys("reconfigured").kg_stream("mark", "tag", 0))
+    assert not streams, "the streams from `mark` went when it was removed"
     assert report["reconfigurations"][0] == records[0].as_dict()
     assert set(records[0].aligned_ms) >= {"tag/0", "tag/1", "count/0", "count/1"}
     tags = Counter(fields[b"tag"] for _, fields in redis.Redis.from_url(redis_server.url).xrange(

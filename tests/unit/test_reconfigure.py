@@ -7,10 +7,12 @@ from pathlib import Path
 import pytest
 from streamjobs_core.codec import decode, encode_barrier
 from streamjobs_core.control import ControlEvent, ReconfigureRequest
-from streamjobs_core.jobstore import MemoryJobStore
+from streamjobs_core.jobstore import MemoryJobStore, RedisJobStore
 from streamjobs_core.loading import load_job
 from streamjobs_core.plan import JobPlan
 from streamjobs_core.reconfigure import How, ReconfigureController, Refused, diff, holds_back, plan_in_force
+from streamjobs_worker.inputs import StreamInput
+from streamjobs_worker.transaction import Transaction
 
 pytestmark = pytest.mark.unit
 
@@ -63,6 +65,65 @@ def test_changes_the_state_or_the_graph_depend_on_are_refused_naming_the_field(f
     assert len(changes.refused) == 1, changes.lines()
     assert words in changes.refused[0].reason
     assert field.split("__")[1] in changes.refused[0].path
+
+
+def chained(**changes):
+    """reconfigured.yaml with `tag` chained after the source (words -> tag on the same workers), then `changes`
+    applied to the dumped spec: stages=..., sinks=... replace those lists."""
+    data = job().model_dump(mode="json", by_alias=True)
+    data["spec"]["stages"][0]["chain"] = True
+    for group, ops in changes.items():
+        data["spec"][group] = ops(data["spec"][group])
+    return type(job()).model_validate(data)
+
+
+def test_a_stage_or_sink_added_to_or_removed_from_a_chain_is_live():
+    base = chained()
+    mark = {"name": "mark", "type": "sql", "inputs": ["words"], "parallelism": 2, "query": "SELECT * FROM input"}
+    added = chained(stages=lambda ops: [mark, {**ops[0], "inputs": ["mark"]}, *ops[1:]])
+    changes = diff(base, added)
+    assert {(c.path, c.how) for c in changes.changes} == {
+        ("spec.stages[mark]", How.LIVE), ("spec.stages[tag].inputs", How.LIVE)}
+    removed = chained(stages=lambda ops: [{**ops[1], "inputs": ["words"]}],
+                      sinks=lambda ops: [{**ops[0], "inputs": ["words"]}, ops[1]])
+    changes = diff(base, removed)
+    assert not changes.refused and ("spec.stages[tag]", How.LIVE) in {(c.path, c.how) for c in changes.changes}
+    # words -> tag -> tagged, one chain with a sink at its tail: a stage goes in before the sink
+    alone = chained(stages=lambda ops: [ops[0]], sinks=lambda ops: [{**ops[0], "parallelism": 2}])
+    before_sink = chained(stages=lambda ops: [ops[0], {**mark, "inputs": ["tag"]}],
+                          sinks=lambda ops: [{**ops[0], "inputs": ["mark"], "parallelism": 2}])
+    assert JobPlan(alone, 0).vertices == ("words",)
+    assert {(c.path, c.how) for c in diff(alone, before_sink).changes} == {
+        ("spec.stages[mark]", How.LIVE), ("spec.sinks[tagged].inputs", How.LIVE)}
+
+
+def test_an_operator_that_would_run_on_workers_of_its_own_or_hold_state_is_not_added_live():
+    base = chained()
+    mark = {"name": "mark", "type": "sql", "inputs": ["words"], "parallelism": 2, "query": "SELECT * FROM input"}
+    for extra, words in (({"chain": False}, "workers it runs on"), ({"parallelism": 3}, "workers it runs on")):
+        new = chained(stages=lambda ops, extra=extra: [{**mark, **extra}, {**ops[0], "inputs": ["mark"]}, *ops[1:]])
+        (refused, *_) = diff(base, new).refused
+        assert refused.path == "spec.stages[mark]" and words in refused.reason, refused
+    window = {"name": "w", "type": "window_aggregate", "inputs": ["tag"], "keyBy": "word", "parallelism": 2,
+              "window": {"type": "tumbling", "sizeMs": 1000}, "aggregations": [{"function": "count", "as": "n"}]}
+    sink = {"name": "windows", "type": "console", "inputs": ["w"], "parallelism": 2}
+    refused = diff(base, chained(stages=lambda ops: [*ops, window], sinks=lambda ops: [*ops, sink])).refused
+    assert "adding a window_aggregate stage is not live yet" in refused[0].reason, refused
+
+
+def test_an_added_stage_runs_at_its_chains_running_parallelism():
+    store = MemoryJobStore()
+    store.deploy(JobPlan(chained(), 1000))
+    mark = {"name": "mark", "type": "sql", "inputs": ["words"], "parallelism": 4, "query": "SELECT * FROM input"}
+    wanted = chained(stages=lambda ops: [mark, {**ops[0], "inputs": ["mark"], "parallelism": 4}, *ops[1:]],
+                     sources=lambda ops: [{**ops[0], "parallelism": 4}])
+    controller = ReconfigureController(store, sleep=lambda _: [
+        store.record_versions(None, op, range(store.plan().key_groups(op)), 1) for op in store.plan().vertices])
+    changes, _ = controller.apply(wanted)
+    published = store.plan()
+    assert published.chain("words").operators == ("words", "mark", "tag")
+    assert published.spec.operator("mark").parallelism == 2
+    assert {c.operator for c in changes.rescales} == {"words", "tag"}
 
 
 def test_parallelism_is_a_rescale_and_adding_an_operator_is_refused():
@@ -216,3 +277,35 @@ def test_only_operators_at_or_upstream_of_a_change_hold_back_after_their_barrier
     batching = JobPlan(edited(job(), batching__maxWaitMs=7), 0, 1)
     assert not any(holds_back(old, batching, (op,)) for op in ("words", "tag", "count", "tagged", "counts"))
 
+
+
+def test_a_chain_that_gains_or_loses_a_member_holds_back_and_what_it_feeds_does_not_change():
+    mark = {"name": "mark", "type": "sql", "inputs": ["words"], "parallelism": 2, "query": "SELECT * FROM input"}
+    without = JobPlan(chained(), 0)
+    with_mark = JobPlan(chained(stages=lambda ops: [mark, {**ops[0], "inputs": ["mark"]}, *ops[1:]]), 0, 1)
+    for old, new in ((without, with_mark), (with_mark, JobPlan(chained(), 0, 2))):
+        holding = {chain.head: holds_back(old, new, chain.operators) for chain in old.chains}
+        assert holding == {"words": True, "count": False, "tagged": False, "counts": False}, holding
+
+
+def test_a_consumer_switches_to_the_new_tails_streams_with_their_watermarks_and_drops_the_old():
+    mark = {"name": "mark", "type": "sql", "inputs": ["tag"], "parallelism": 2, "query": "SELECT * FROM input"}
+    old = JobPlan(chained(), 0)  # words -> tag, one chain; count reads tag's streams
+    new = JobPlan(chained(stages=lambda ops: [ops[0], mark, {**ops[1], "inputs": ["mark"]}],
+                          sinks=lambda ops: [{**ops[0], "inputs": ["mark"]}, ops[1]]), 0, 1)
+    assert not diff(old.job, new.job).refused
+    jobs = RedisJobStore(None, "reconfigured")  # only queues into the transaction here
+    reader = StreamInput(None, jobs, old, "count", 0, (3, 4))
+    for stream in reader._streams.values():  # read up to their barriers, not committed yet
+        stream.upstream_watermarks[:] = 5000
+        stream.cursor, stream.read_records, stream.changed = b"17-0", 9, True
+    txn = Transaction()
+    reader.switch(new, txn)
+    reader.add_progress(txn)
+    gone = [old.keys.kg_stream("tag", "count", kg) for kg in (3, 4)]
+    taken = [new.keys.kg_stream("mark", "count", kg) for kg in (3, 4)]
+    assert txn.deletes == gone
+    assert txn.hdels == [(old.keys.offsets("count"), tuple(gone)), (old.keys.watermarks("count"), tuple(gone))]
+    assert txn.hsets[old.keys.offsets("count")] == {name: b"0-0" for name in taken}
+    assert reader.key_group_watermarks() == {3: 5000, 4: 5000} and reader.version == 1
+    assert sorted(txn.hincrs) == [(old.keys.consumed("tag", "count"), str(kg), 9) for kg in (3, 4)]

@@ -47,24 +47,30 @@ class OperatorChain:
         self._instance = instance
         self._store = store
         self._r = r
-        spec = plan.spec
-        self.members: list[_Member] = []
-        for op in chain.operators:
-            operator = spec.operator(op)
-            member = _Member(op, operator, metrics if op == chain.head else metrics.follower(op))
-            if operator in spec.sinks:
-                member.sink = make_sink(plan, op, instance)
-            elif operator in spec.stages:
-                # Only a head can hold keyed state: a chained member is stateless (chaining.forward).
-                member.stage = make_stage(operator, store, spec.max_parallelism, r)
-            self.members.append(member)
+        self._metrics = metrics
+        self.members = [self._member(op) for op in chain.operators]
+
+    def _member(self, op: str) -> _Member:
+        spec = self._plan.spec
+        operator = spec.operator(op)
+        member = _Member(op, operator, self._metrics if op == self.chain.head else self._metrics.follower(op))
+        if operator in spec.sinks:
+            member.sink = make_sink(self._plan, op, self._instance)
+        elif operator in spec.stages:
+            # Only a head can hold keyed state: a chained member is stateless (chaining.forward).
+            member.stage = make_stage(operator, self._store, spec.max_parallelism, self._r)
+        return member
 
     def switch(self, plan: JobPlan) -> dict[str, tuple[dict[int, int], int]]:
         """Run `plan` from the next batch on (a live reconfiguration): a changed stateless stage or sink is
         built anew, a changed stateful stage keeps its state and takes the new fields (reconfigure.py allows
         only those its state does not depend on), and a stage `plan` resets is built anew over an emptied
-        state. Per stage reset: each owned key group's watermark then, and the rows dropped."""
+        state. Members `plan` adds to the chain are built, those it removes dropped (stateless: nothing of
+        theirs is kept). Per stage reset: each owned key group's watermark then, and the rows dropped."""
         self._plan = plan
+        self.chain = plan.chain(self.chain.head)
+        kept = {member.op: member for member in self.members}
+        self.members = [kept.get(op) or self._member(op) for op in self.chain.operators]
         reset = {}
         for member in self.members:
             operator = plan.spec.operator(member.op)

@@ -125,8 +125,8 @@ class Input(Protocol):
     def aligned(self) -> int | None:
         """The plan version to switch to with the next commit, if the instance is due to (reconfigure.py)."""
 
-    def switch(self, version: int) -> None:
-        """The instance runs `version` from now."""
+    def switch(self, plan: JobPlan, txn: Transaction) -> None:
+        """The instance runs `plan` from now."""
 
 
 class StreamInput:
@@ -182,16 +182,38 @@ class StreamInput:
             return self.version + 1
         return None
 
-    def switch(self, version: int) -> None:
-        """The instance runs `version` from now: what producers wrote after their barriers is ordinary input."""
+    def switch(self, plan: JobPlan, txn: Transaction) -> None:
+        """The instance runs `plan` from now: what producers wrote after their barriers is ordinary input."""
         for s in self._streams.values():
             if s.post_watermarks is not None:
                 np.maximum(s.upstream_watermarks, s.post_watermarks, out=s.upstream_watermarks)
                 s.post_watermarks = None
             s.post_records = 0
-        self.version = version
+        self.version = plan.version
         self.aligning_since = None
         self.holding = False
+        if plan.edges_in(self._op) != self._plan.edges_in(self._op):
+            self._rewire(plan, txn)
+        self._plan = plan
+
+    def _rewire(self, plan: JobPlan, txn: Transaction) -> None:
+        """A producing chain whose tail changed (a member added or removed live) writes from its switch on
+        into the new tail's streams. Every producer passed its barrier, after which it writes only those:
+        the old streams end here and go in this commit, and the new ones are read from their start, with the
+        watermarks the old ones had."""
+        new_edges = {plan.head(e.upstream): e for e in plan.edges_in(self._op)}
+        gone = []
+        for name, s in list(self._streams.items()):
+            edge = new_edges[self._plan.head(s.edge.upstream)]
+            if edge.upstream == s.edge.upstream:
+                s.edge = edge
+                continue
+            key = plan.keys.kg_stream(edge.upstream, self._op, s.kg)
+            self._streams[key] = _Stream(key, edge, s.kg, b"0-0", s.upstream_watermarks, s.passed, changed=True)
+            self._count_read(s, txn)
+            del self._streams[name]
+            gone.append(name)
+        self._jobs.forget_streams(txn, self._op, gone)
 
     def _load(self, names: list[str]) -> None:
         if not names:
@@ -311,15 +333,17 @@ class StreamInput:
 
     def add_progress(self, txn: Transaction) -> None:
         """Add the offsets, watermark progress and trims of what was read to the transaction."""
-        keys = self._plan.keys
         changed = [s for s in self._streams.values() if s.changed]
         self._jobs.record_streams(txn, self._op, {s.key: (s.cursor, runs_of(s.upstream_watermarks)) for s in changed})
         for stream in changed:
             txn.trims[stream.key] = stream.cursor  # consumed entries go; one stream, one consumer
-            if stream.read_records:
-                edge = stream.edge
-                txn.hincrby(keys.consumed(edge.upstream, edge.downstream), str(stream.kg), stream.read_records)
+            self._count_read(stream, txn)
             stream.changed = False
+
+    def _count_read(self, stream: _Stream, txn: Transaction) -> None:
+        if stream.read_records:
+            edge = stream.edge
+            txn.hincrby(self._plan.keys.consumed(edge.upstream, edge.downstream), str(stream.kg), stream.read_records)
             stream.read_records = 0
 
     def records_read(self) -> dict[int, int]:

@@ -105,8 +105,8 @@ class SourceInput:
         commit's offsets are the cut (reconfigure.py)."""
         return self._asked_version if self._asked_version > self.version else None
 
-    def switch(self, version: int) -> None:
-        self.version = version
+    def switch(self, plan: JobPlan, txn: Transaction) -> None:
+        self.version = plan.version
 
     def offsets(self) -> dict[int, int | bytes]:
         """Per owned partition, where the next commit leaves it: a reconfiguration's cut, when it switches."""

@@ -33,6 +33,8 @@ class Transaction:
     changelog: dict[int, list] = field(default_factory=dict)
     rpushes: list[tuple[str, str]] = field(default_factory=list)
     sadds: list[tuple[str, str]] = field(default_factory=list)
+    hdels: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)
+    deletes: list[str] = field(default_factory=list)
     after_commit: list[Callable[[], None]] = field(default_factory=list)
 
     def xadd(self, key: str, fields: dict, maxlen: int | None = None) -> None:
@@ -44,9 +46,16 @@ class Transaction:
     def hincrby(self, key: str, field_: str, amount: int) -> None:
         self.hincrs.append((key, field_, amount))
 
+    def hdel(self, key: str, *fields: str) -> None:
+        self.hdels.append((key, fields))
+
+    def delete(self, key: str) -> None:
+        self.deletes.append(key)
+
     @property
     def empty(self) -> bool:
-        return not (self.xadds or self.hsets or self.hincrs or self.changelog or self.rpushes or self.sadds)
+        return not (self.xadds or self.hsets or self.hincrs or self.changelog or self.rpushes or self.sadds
+                    or self.hdels or self.deletes)
 
 
 class Checkpoint:
@@ -156,3 +165,7 @@ class Checkpoint:
             pipe.rpush(key, value)
         for key, value in txn.sadds:
             pipe.sadd(key, value)
+        for key, fields in txn.hdels:
+            pipe.hdel(key, *fields)
+        for key in txn.deletes:
+            pipe.delete(key)

@@ -72,8 +72,10 @@ class Worker:
         self.instance = instance
         assignment = jobs.assignment(op) or plan.initial_assignment(op)
         self.ownership = Ownership(jobs, plan, op, instance)
-        # Mid-reconfiguration, the key groups may not have switched to the latest plan yet.
+        # Mid-reconfiguration, the key groups may not have switched to the latest plan yet; its chain may
+        # have other members then.
         self.plan = plan = plan_in_force(jobs, plan, op, self.ownership.owned)
+        chain = plan.chain(op)
         self.spec = plan.spec.operator(op)
         self.incarnation = jobs.new_incarnation(op, instance)
         self.metrics = WorkerMetrics(plan.name, op, instance)
@@ -232,7 +234,7 @@ class Worker:
         self.jobs.record_aligned(txn, self.op, self.instance, version, held_ms)
         if plan.control is not None and plan.control.operator in self.chain.chain.operators:
             self._answer(plan, txn)
-        self.input.switch(version)
+        self.input.switch(plan, txn)
         return held_ms
 
     def _holds_back(self, version: int) -> bool:
