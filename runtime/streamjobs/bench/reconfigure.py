@@ -1,7 +1,8 @@
 """`streamjobs bench reconfigure`: what a live spec change costs, against stop-and-restart (ours and Flink's).
 
 A keyed window job runs at steady load on the local runtime: zipf words, a SQL
-stage `shape` on its own workers, a 1 s tumbling count per word, a sink. Its
+stage `shape` (on its own workers, or chained after the sources), a 1 s
+tumbling count per word, a sink. Its
 SQL is swapped (`swap_sql`) once, live (reconfigure.py: barriers from the
 sources, aligned per instance, one commit that switches), and in a second run
 of the same job by stop and restart on the new plan (every worker stops after
@@ -25,8 +26,11 @@ and `_after` are the busiest instance's busy share (busy / (busy + idle), from
 its /metrics) over the stretch before and after. Its baseline moves the same
 key groups by stop and restart (`restart` strategy).
 
-Adding a stage is not built yet: it is listed under `not_measured`, not given
-figures.
+`add_stage`: the same job with `shape` chained after the sources gets a SQL
+stage (a filter) added after `shape`, in the same chain (reconfigure.py: the
+graph changes inside a chain); from the switch on, the window reads its input
+from the new stage's streams. Flink's figure is the same restart at the same
+state size.
 """
 
 from __future__ import annotations
@@ -60,22 +64,36 @@ AFTER = "SELECT upper(word) AS word, event_time, _ingest_ms FROM input WHERE wor
 _AFTER_S = 10.0
 
 
-def bench_job(name: str, query: str = BEFORE) -> StreamJob:
+# Added after `shape` when `shape` runs chained after the sources: it joins their chain, whose workers run
+# Spark already, and the window's input streams come from it from the switch on.
+ADDED = {"name": "enrich", "type": "sql", "inputs": [SHAPE], "parallelism": 2,
+         "query": "SELECT word, event_time, _ingest_ms FROM input WHERE length(word) > 2"}
+
+
+def bench_job(name: str, query: str = BEFORE, added: tuple[dict, ...] = (), chained: bool = False) -> StreamJob:
     return parse_job({
         "apiVersion": "streamjobs.dev/v1alpha1", "kind": "StreamJob", "metadata": {"name": name},
         "spec": {
             "sources": [{"name": "words", "type": "zipf", "vocabulary": 4000, "exponent": 0.8, "outOfOrderMs": 100,
                          "parallelism": 2, "rate": {"profile": "constant", "recordsPerSecond": RATE}}],
             "stages": [
-                # Its own workers: its input comes through streams, so it aligns barriers from both sources.
-                {"name": SHAPE, "type": "sql", "inputs": ["words"], "chain": False, "parallelism": 2,
+                # Unless chained, its own workers: its input comes through streams, so it aligns barriers
+                # from both sources.
+                {"name": SHAPE, "type": "sql", "inputs": ["words"], "chain": chained, "parallelism": 2,
                  "query": query},
-                {"name": STAGE, "type": "window_aggregate", "inputs": [SHAPE], "keyBy": "word", "parallelism": 2,
-                 "window": {"type": "tumbling", "sizeMs": 1000}, "aggregations": [{"function": "count", "as": "n"}]},
+                *added,
+                {"name": STAGE, "type": "window_aggregate", "inputs": [added[-1]["name"] if added else SHAPE],
+                 "keyBy": "word", "parallelism": 2, "window": {"type": "tumbling", "sizeMs": 1000},
+                 "aggregations": [{"function": "count", "as": "n"}]},
             ],
             "sinks": [{"name": SINK, "type": "redis_stream", "inputs": [STAGE]}],
         },
     })
+
+
+# Per change: the job before it, and after it.
+CHANGES = {"swap_sql": ({}, {"query": AFTER}),
+           "add_stage": ({"chained": True}, {"chained": True, "added": (ADDED,)})}
 
 
 class Changer:
@@ -130,9 +148,10 @@ def observe(job: StreamJob, hook, steady_back_s: float, console: Console, prepar
     }
 
 
-def measure(restart: bool, steady_s: float, console: Console) -> dict:
-    job = bench_job(f"bench-reconfigure-{'restart' if restart else 'live'}")
-    changer = Changer(bench_job(job.metadata.name, AFTER), restart, steady_s)
+def measure(change: str, restart: bool, steady_s: float, console: Console) -> dict:
+    before, after = CHANGES[change]
+    job = bench_job(f"bench-{change.replace('_', '-')}-{'restart' if restart else 'live'}", **before)
+    changer = Changer(bench_job(job.metadata.name, **after), restart, steady_s)
     observed = observe(job, changer, steady_s / 2, console)
     done = changer.done
     return {**observed, "aligned_ms": done["record"].pause_ms,
@@ -245,26 +264,14 @@ def measure_rebalance(strategy: str, steady_s: float, console: Console) -> dict:
 def run(quick: bool) -> dict:
     console = Console(force_terminal=False, quiet=True)
     steady_s = 20.0 if quick else 40.0
-    live = measure(False, steady_s, console)
-    restart = measure(True, steady_s, console)
+    runs = {f"{change}_{how}": measure(change, how == "restart", steady_s, console)
+            for change in CHANGES for how in ("live", "restart")}
     flink = None
     if flink_peer.installed():
-        flink = flink_peer.measure_restart(max(1.0, live["state_bytes"] / 1e6), 2, 2)
+        flink = flink_peer.measure_restart(max(1.0, runs["swap_sql_live"]["state_bytes"] / 1e6), 2, 2)
     balanced_live = measure_rebalance("batched", steady_s, console)
     balanced_restart = measure_rebalance("restart", steady_s, console)
-    swap = {
-        "max_latency_ms": live["max_latency_ms"], "pause_ms": live["pause_ms"], "aligned_ms": live["aligned_ms"],
-        "restart_pause_ms": restart["pause_ms"],
-        "flink_restart_pause_ms": flink["flink_restart_pause_ms"] if flink else None,
-        "lost": live["lost"], "duplicated": live["duplicated"], "correct": live["correct"],
-        "restart_lost": restart["lost"], "restart_duplicated": restart["duplicated"],
-        "restart_correct": restart["correct"],
-        "max_latency_over_steady_p99": _ratio(live["max_latency_ms"], live["steady_p99_ms"]),
-        # The live change's pause can be within the noise of steady results (steady_pause_ms): floored at 1 ms.
-        "restart_pause_over_live": _ratio(restart["pause_ms"], max(live["pause_ms"], 1.0)),
-        "flink_restart_pause_over_live": _ratio(flink["flink_restart_pause_ms"], max(live["pause_ms"], 1.0))
-        if flink else None,
-    }
+    changes = {change: _figures(runs[f"{change}_live"], runs[f"{change}_restart"], flink) for change in CHANGES}
     before, after = balanced_live["busiest_busy_share_before"], balanced_live["busiest_busy_share_after"]
     rebalance = {
         "max_latency_ms": balanced_live["max_latency_ms"], "pause_ms": balanced_live["pause_ms"],
@@ -280,11 +287,27 @@ def run(quick: bool) -> dict:
     }
     return {
         "rate_records_per_s": RATE,
-        "steady_p99_ms": live["steady_p99_ms"],
-        "changes": {"swap_sql": swap, "rebalance": rebalance},
-        "not_measured": {"add_stage": "adding a stage live is not built yet"},
-        "runs": {"live": live, "restart": restart, "rebalance": balanced_live, "rebalance_restart": balanced_restart},
+        "steady_p99_ms": runs["swap_sql_live"]["steady_p99_ms"],
+        "changes": {**changes, "rebalance": rebalance},
+        "runs": {**runs, "rebalance": balanced_live, "rebalance_restart": balanced_restart},
         "flink": flink,
+    }
+
+
+def _figures(live: dict, restart: dict, flink: dict | None) -> dict:
+    return {
+        "steady_p99_ms": live["steady_p99_ms"],
+        "max_latency_ms": live["max_latency_ms"], "pause_ms": live["pause_ms"], "aligned_ms": live["aligned_ms"],
+        "restart_pause_ms": restart["pause_ms"],
+        "flink_restart_pause_ms": flink["flink_restart_pause_ms"] if flink else None,
+        "lost": live["lost"], "duplicated": live["duplicated"], "correct": live["correct"],
+        "restart_lost": restart["lost"], "restart_duplicated": restart["duplicated"],
+        "restart_correct": restart["correct"],
+        "max_latency_over_steady_p99": _ratio(live["max_latency_ms"], live["steady_p99_ms"]),
+        # The live change's pause can be within the noise of steady results (steady_pause_ms): floored at 1 ms.
+        "restart_pause_over_live": _ratio(restart["pause_ms"], max(live["pause_ms"], 1.0)),
+        "flink_restart_pause_over_live": _ratio(flink["flink_restart_pause_ms"], max(live["pause_ms"], 1.0))
+        if flink else None,
     }
 
 
