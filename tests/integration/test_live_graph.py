@@ -48,7 +48,7 @@ def test_a_stage_added_to_the_sources_chain_renames_the_streams_at_one_cut(r, sp
     while sink.plan.version == 0 and time.monotonic() < deadline:
         sink.step()
     assert not r.exists(*old), "the old streams went in the switching commit"
-    assert r.hmget(first.keys.offsets("out"), old) == [None] * 4
+    assert jobs.streams("out", old) == [(None, None)] * 4  # nor their progress
     emitted = int(r.hget(first.keys.counts, "words:out"))  # the source steps no more
     output = first.keys.output_stream("out")
     while r.xlen(output) < emitted and time.monotonic() < deadline:
