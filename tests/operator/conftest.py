@@ -99,8 +99,8 @@ def job(emulator, kube, kubelet, tmp_path):
     yield apply
     for name in names:
         kube.delete("streamjobs", NAMESPACE, name)
-    for name in names:
-        eventually(lambda name=name: kube.get("streamjobs", NAMESPACE, name) is None, 60, f"{name} deleted")
+    for name in names:  # a job still warming up is deleted once its create handler lets go: slow on a busy machine
+        eventually(lambda name=name: kube.get("streamjobs", NAMESPACE, name) is None, 120, f"{name} deleted")
 
 
 def events(emulator, name: str) -> list[dict]:
