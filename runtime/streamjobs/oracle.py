@@ -320,7 +320,10 @@ def _in_order(plans: list[JobPlan]) -> list[str]:
             inputs.setdefault(op.name, set()).update(getattr(op, "inputs", ()))
     order: list[str] = []
     while len(order) < len(inputs):
-        order.extend(sorted(n for n, ups in inputs.items() if n not in order and ups <= set(order)))
+        ready = sorted(n for n, ups in inputs.items() if n not in order and ups <= set(order))
+        if not ready:  # members of a chain reordered: no one order serves every version
+            raise Unverifiable(f"operators {sorted(inputs.keys() - set(order))} feed each other across versions")
+        order.extend(ready)
     return order
 
 
