@@ -4,11 +4,17 @@ against kmock's emulated API server with real Redis and worker processes; the ch
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 _LAYERS = ("unit", "integration", "e2e", "operator")
+
+# Tests start far more worker JVMs than they run long: on 2 cores, C2's compile threads starved the JVMs
+# starting beside a running job (a rescale's new instances took 40-55 s to come up, 15-20 s with C1 only).
+# Only speed differs; the benchmarks run the default JIT.
+os.environ.setdefault("STREAMJOBS_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -29,6 +29,9 @@ def session(master: str | None = None, memory: str | None = None, java_options: 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     if java_options is None:
         java_options = jvm_archive.java_options()
+    # Options of the operator's choosing (Flink's env.java.opts), e.g. C1 only on small nodes that start more
+    # JVMs than they run long: half the CPU to start, slower compiled code after.
+    java_options = f"{java_options} {os.environ.get('STREAMJOBS_JAVA_OPTIONS', '')}".strip()
     # Small local sessions: many workers share few cores, and batches are small
     # enough that one shuffle partition beats Spark's default of 200.
     spark = (
