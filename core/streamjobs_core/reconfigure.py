@@ -8,7 +8,9 @@ heads, which run on workers, and the streams between chains stay; chaining.py).
 A stateful stage keeps its state only while its key and its state's meaning
 stay: its key, window, aggregations, join bounds or state schema cannot change
 live unless its state is reset, and such a change is refused with the field
-named, never applied with the state dropped.
+named, never applied with the state dropped. Aggregations added after a
+window's others are the exception: the state keeps those, and an added one
+covers the records processed under it (null in a window none of them reached).
 Parallelism is a rescale (rescale.py), done after the live part.
 
 How it happens (Chi's control events, carried like Flink's checkpoint
@@ -199,6 +201,10 @@ def _operator(group: str, old: dict, new: dict, reset: bool, reshaped: str | Non
             out.append(Change(where, How.LIVE, "the graph changes inside chains only", name))
         elif group == "sources":
             out.append(Change(where, How.REFUSED, "a source's settings define its input: it needs a new job", name))
+        elif f == "aggregations" and old["type"] == "window_aggregate" and not reset and _appended(old[f], new[f]):
+            out.append(Change(where, How.LIVE, "aggregations only added: the state keeps the others; an added "
+                              "one covers the records processed under it, null in a window none of them reached",
+                              name))
         elif f in _STATE_FIELDS.get(old.get("type"), ()) and not reset:
             out.append(Change(where, How.REFUSED, f"the {old['type']} state depends on it: keep it, or start "
                               f"its state afresh (--reset-state {name}; on Kubernetes, the annotation "
@@ -206,6 +212,11 @@ def _operator(group: str, old: dict, new: dict, reset: bool, reshaped: str | Non
         else:
             out.append(Change(where, How.LIVE, operator=name))
     return out
+
+
+def _appended(old: list, new: list) -> bool:
+    """Whether `new` is `old` with aggregations added after it: a window's partials are stored by position."""
+    return len(new) > len(old) and new[:len(old)] == old
 
 
 def _changed_fields(old: dict, new: dict) -> list[str]:

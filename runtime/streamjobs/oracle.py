@@ -145,13 +145,21 @@ def shed_indices(r: redis.Redis, plan: JobPlan, op: str) -> np.ndarray:
     return np.concatenate(shed_parts) if shed_parts else np.zeros(0, dtype=np.int64)
 
 
-def _window(df: DataFrame, spec) -> DataFrame:
+def _window(df: DataFrame, spec, since: dict[str, int] | None = None) -> DataFrame:
+    """`since`: per aggregation added live, the plan version that added it; it covers records of that version
+    on (`_v`), null in a window none of them reached (a count too: not counted is not none)."""
     size, step = f"{spec.window.size_ms} milliseconds", f"{spec.window.step_ms} milliseconds"
     aggs = []
     for agg in spec.aggregations:
-        column = F.col(f"`{agg.column}`") if agg.column else None
-        fn = {"count": lambda c: F.count(F.lit(1)), "sum": F.sum, "avg": F.avg, "min": F.min, "max": F.max}
-        aggs.append(fn[agg.function](column).alias(agg.as_))
+        column = F.lit(1) if agg.function == "count" else F.col(f"`{agg.column}`")  # count(*), as the stage
+        added = (since or {}).get(agg.as_, 0)
+        if added:
+            column = F.when(F.col("_v") >= added, column)
+        fn = {"count": F.count, "sum": F.sum, "avg": F.avg, "min": F.min, "max": F.max}[agg.function]
+        value = fn(column)
+        if added and agg.function == "count":
+            value = F.when(value > 0, value)
+        aggs.append(value.alias(agg.as_))
     grouped = df.groupBy(F.col(f"`{spec.key_by}`"), F.window(F.timestamp_millis("event_time"), size, step).alias("w"))
     return (
         grouped.agg(*aggs)
@@ -203,8 +211,9 @@ def expected_outputs(spark: SparkSession, r: redis.Redis, plan: JobPlan) -> dict
     return frames
 
 
-def _evaluate(spark: SparkSession, r: redis.Redis, op, inputs: list[DataFrame]) -> DataFrame:
-    """One operator over its whole input (each input already filtered by its `where`)."""
+def _evaluate(spark: SparkSession, r: redis.Redis, op, inputs: list[DataFrame],
+              since: dict[str, int] | None = None) -> DataFrame:
+    """One operator over its whole input (each input already filtered by its `where`); `since` as _window's."""
     union = None
     for upstream, frame in zip(op.inputs, inputs):
         frame.createOrReplaceTempView(view_name(upstream))
@@ -217,7 +226,7 @@ def _evaluate(spark: SparkSession, r: redis.Redis, op, inputs: list[DataFrame]) 
     if op.type == "pyspark":
         return load_function(op.function)(union)
     if op.type == "window_aggregate":
-        return _window(union, op)
+        return _window(union, op, since)
     if op.type == "over":
         return spark.sql(over_sql(op, "input", union.columns))
     if op.type == "lookup":
@@ -261,15 +270,19 @@ def _reconfigured_outputs(spark: SparkSession, r: redis.Redis, plans: list[JobPl
             frames[name] = _with_resets(spark, r, store, plans, name, frames, versioned, resets)
             versioned[name] = False
             continue
-        computes = {json.dumps(_what_it_computes(s, keep_where=op.type not in STATEFUL_TYPES), sort_keys=True)
+        since = _aggregations_added(specs)
+        computes = {json.dumps(_what_it_computes(s, keep_where=op.type not in STATEFUL_TYPES,
+                                                 keep_aggregations=not since), sort_keys=True)
                     for s in specs if s is not None}
         inputs = _wired(frames, versioned, specs, range(len(plans)))
+        if since and not all(v for _, v in inputs):
+            raise Unverifiable(f"{name}: aggregations added live downstream of a stateful stage")
         if len(computes) > 1 and (op.type in STATEFUL_TYPES or not all(v for _, v in inputs)):
             raise Unverifiable(f"{name}: changed live {'' if op.type in STATEFUL_TYPES else 'downstream of a '}"
                                "stateful stage; records of several plan versions meet in its state, so the oracle "
                                "cannot tell which version each output row met")
         if op.type in STATEFUL_TYPES or not all(v for _, v in inputs):
-            frames[name] = _evaluate(spark, r, op, [_where_per_version(f, specs, v) for f, v in inputs])
+            frames[name] = _evaluate(spark, r, op, [_where_per_version(f, specs, v) for f, v in inputs], since)
             versioned[name] = False
             continue
         parts = []
@@ -371,9 +384,22 @@ def _fired_before(spark: SparkSession, windows: DataFrame, spec, watermarks: dic
     return spark.createDataFrame(table.filter(pa.array(fired)))
 
 
-def _what_it_computes(spec, keep_where: bool) -> dict:
+def _what_it_computes(spec, keep_where: bool, keep_aggregations: bool = True) -> dict:
     fields = spec.model_dump(mode="json", by_alias=True)
-    return {k: v for k, v in fields.items() if k not in _HOW_IT_RUNS and (keep_where or k != "where")}
+    return {k: v for k, v in fields.items() if k not in _HOW_IT_RUNS and (keep_where or k != "where")
+            and (keep_aggregations or k != "aggregations")}
+
+
+def _aggregations_added(specs: list) -> dict[str, int]:
+    """A window stage whose live changes added aggregations after its others (reconfigure.py): per aggregation
+    added, the first version that has it. Empty when none was added, or its aggregations changed otherwise."""
+    if any(spec is None or spec.type != "window_aggregate" for spec in specs):
+        return {}  # a stateful stage is never added or removed live
+    lists = [spec.aggregations for spec in specs]
+    if any(b[:len(a)] != a for a, b in zip(lists, lists[1:])):
+        return {}
+    return {agg.as_: first for i, agg in enumerate(lists[-1])
+            if (first := next(v for v, aggs in enumerate(lists) if len(aggs) > i))}
 
 
 def _where_per_version(frame: DataFrame, specs: list, versioned: bool) -> DataFrame:

@@ -23,8 +23,9 @@ def test_a_new_query_where_and_stages_switch_at_one_cut_through_sigkills_mid_ali
     force at its source offset by every operator: the oracle replays each one under its version, so a record
     processed under both plans, or neither, or the wrong one, shows as lost or duplicated. Then `streamjobs
     reconfigure` asks the running job for more versions, after one it refuses: a stage `mark` added to the
-    sources' chain (the streams into `tag` now come from it), with a source instance SIGKILLed as the version
-    is published and a `tag` instance before it switched; then `mark` removed again."""
+    sources' chain (the streams into `tag` now come from it) and two aggregations added to `count` (its state
+    kept), with a source instance SIGKILLed as the version is published, a `tag` instance before it switched
+    and a `count` instance after; then `mark` removed again."""
     new = load_job(ROOT / "tests/jobs/reconfigured-v1.yaml")
     doc = yaml.safe_load((ROOT / "tests/jobs/reconfigured-v1.yaml").read_text())
     doc["spec"]["stages"][1]["keyBy"] = "tag"
@@ -33,6 +34,8 @@ def test_a_new_query_where_and_stages_switch_at_one_cut_through_sigkills_mid_ali
     doc = yaml.safe_load((ROOT / "tests/jobs/reconfigured-v1.yaml").read_text())
     tag = doc["spec"]["stages"][0]
     tag["simulatedCostUs"] = 50
+    doc["spec"]["stages"][1]["aggregations"] += [{"function": "max", "column": "event_time", "as": "last"},
+                                                 {"function": "count", "as": "since"}]
     removed = tmp_path / "v3.yaml"
     removed.write_text(yaml.safe_dump(doc))
     tag["inputs"] = ["mark"]
@@ -72,7 +75,9 @@ def test_a_new_query_where_and_stages_switch_at_one_cut_through_sigkills_mid_ali
             reconfigure_cli(refused)
             # words/0 (its chain gains `mark`) comes back while the version is out; tag/1 then meets the barriers
             reconfigure_cli(added, lambda: (kill_once_published("words", 0), kill("tag", 1)))
-            time.sleep(4)  # words flow through `mark`
+            time.sleep(2)  # words flow through `mark`, and count holds rows of both versions
+            kill("count", 0)
+            time.sleep(2)
             reconfigure_cli(removed)
             time.sleep(8)  # words flow under the last version
         finally:
@@ -86,13 +91,15 @@ def test_a_new_query_where_and_stages_switch_at_one_cut_through_sigkills_mid_ali
 
     report = run("tests/jobs/reconfigured.yaml", None, during=during)
     assert_exact(report)
-    assert list(killed) == ["tag/0", "count/1", "words/0", "tag/1"] and report["restarts"] >= 4
+    assert list(killed) == ["tag/0", "count/1", "words/0", "tag/1", "count/0"] and report["restarts"] >= 5
     assert not any(killed["tag/0"].values()) and not any(killed["count/1"].values()), killed  # before they switched
     assert set(killed["tag/1"].values()) == {1}, killed  # before it switched to the version adding `mark`
     assert len(records) == 1 and records[0].version == 1, records
     assert [c.returncode for c in cli] == [2, 0, 0], cli
     assert "spec.stages[count].keyBy: refused" in cli[0].stdout
     assert "spec.stages[mark]: live (added to a chain)" in cli[1].stdout
+    assert "spec.stages[count].aggregations: live (aggregations only added" in cli[1].stdout
+    assert set(killed["count/0"].values()) == {2}, killed  # with rows of windows open before the switch
     assert [json.loads(c.stdout.splitlines()[-1])["version"] for c in cli[1:]] == [2, 3]
     assert [r["version"] for r in report["reconfigurations"]] == [1, 2, 3]
     streams = redis.Redis.from_url(redis_server.url).keys(JobKeys("reconfigured").kg_stream("mark", "tag", 0))
@@ -102,6 +109,10 @@ def test_a_new_query_where_and_stages_switch_at_one_cut_through_sigkills_mid_ali
     tags = Counter(fields[b"tag"] for _, fields in redis.Redis.from_url(redis_server.url).xrange(
         JobKeys("reconfigured").output_stream("tagged")))
     assert tags[b"v0"] > 1000 and tags[b"v1"] > 1000, tags
+    counted = [fields for _, fields in redis.Redis.from_url(redis_server.url).xrange(
+        JobKeys("reconfigured").output_stream("counts"))]
+    spanning = [f for f in counted if b"since" in f and int(f[b"since"]) < int(f[b"n"])]
+    assert spanning and any(b"last" not in f for f in counted), "windows before, across and after the switch"
 
 
 def test_a_rebalance_by_load_unloads_the_instance_holding_the_hot_key_groups_exactly(redis_server, run):

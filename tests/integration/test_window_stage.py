@@ -168,3 +168,41 @@ def test_results_keep_their_columns_types_and_nulls_merge_across_batches(spark):
     assert rows(out) == {("a", 0): (3, 7, 3.5, 3, 4), ("b", 0): (2, None, None, None, None),
                          (None, 0): (1, 5, 5.0, 5, 5)}
     assert out.column("event_time").to_pylist() == [999] * 3 and out.column("window_end").to_pylist() == [1000] * 3
+
+
+def key_group(key: str) -> int:
+    return int(key_groups_of(pa.array([key]), MAX_P)[0])
+
+
+def test_aggregations_added_live_cover_the_records_after_the_switch_and_read_null_where_none_came(spark):
+    """reconfigure.py lets a window's aggregations grow at the end: rows the state holds have no partials for
+    the added ones. A record after the switch counts in all of them, one before only in the old; a window no
+    later record reached has the added ones null, in place and after a restart under the new spec alike."""
+    def spec(*aggregations):
+        return WindowAggregateStage.model_validate({
+            "name": "agg", "type": "window_aggregate", "inputs": ["src"], "keyBy": "k",
+            "window": {"type": "tumbling", "sizeMs": 1000},
+            "aggregations": [{"function": "count", "as": "n"}, *aggregations]})
+
+    grown = spec({"function": "sum", "column": "v", "as": "total"}, {"function": "count", "as": "since"},
+                 {"function": "avg", "column": "v", "as": "mean"})
+    store = KeyGroupStore(range(MAX_P))
+    logic = WindowAggregate(spec(), store, MAX_P)
+    assert logic.process(batch(["a", "b", "a", "d"], [1, 2, 3, 4], [100, 150, 1100, 2100]), 500)[0] is None
+    logic.reconfigure(grown)
+    logic.process(batch(["a", "c"], [10, 7], [200, 1200]), 500)
+    # Keys new to windows, beside rows from before in their key groups: merged with those (nulls in the added)
+    b2, d2 = (next(f"{k}{i}" for i in range(1000) if key_group(f"{k}{i}") == key_group(k)) for k in ("b", "d"))
+    assert logic.process(batch([b2, d2], [5, 6], [300, 2900]), 500)[0] is None
+    out, _ = logic.process(InputBatch(), 1500)
+    columns = ["k", "window_start", "n", "total", "since", "mean"]
+    assert sorted(tuple(r[c] for c in columns) for r in out.to_pylist()) == [
+        ("a", 0, 2, 10, 1, 10.0), ("b", 0, 1, None, None, None), (b2, 0, 1, 5, 1, 5.0)]
+    out, _ = logic.process(InputBatch(), 2500)
+    assert sorted(tuple(r[c] for c in columns) for r in out.to_pylist()) == [
+        ("a", 1000, 1, None, None, None), ("c", 1000, 1, 7, 1, 7.0)]
+    restarted = WindowAggregate(grown, store, MAX_P)  # its only rows came before the switch
+    restarted.restore(logic.watermarks())
+    out, _ = restarted.process(InputBatch(), MAX_WATERMARK)
+    assert sorted(tuple(r[c] for c in columns) for r in out.to_pylist()) == [
+        ("d", 2000, 1, None, None, None), (d2, 2000, 1, 6, 1, 6.0)]

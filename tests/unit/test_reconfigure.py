@@ -67,6 +67,18 @@ def test_changes_the_state_or_the_graph_depend_on_are_refused_naming_the_field(f
     assert field.split("__")[1] in changes.refused[0].path
 
 
+def test_aggregations_added_after_a_windows_others_are_live_and_any_other_change_to_them_refused():
+    count = {"function": "count", "as": "n"}
+    added = [count, {"function": "max", "column": "event_time", "as": "last"}]
+    (change,) = diff(job(), edited(job(), count__aggregations=added)).changes
+    assert (change.path, change.how) == ("spec.stages[count].aggregations", How.LIVE)
+    assert "null in a window none of them reached" in change.reason
+    for other in ([added[1], count], [added[1]], [{**count, "as": "m"}, added[1]]):
+        (refused,) = diff(job(), edited(job(), count__aggregations=other)).refused
+        assert "state depends on it" in refused.reason, other
+    assert not diff(edited(job(), count__aggregations=added), job()).live, "one taken away is refused"
+
+
 def chained(**changes):
     """reconfigured.yaml with `tag` chained after the source (words -> tag on the same workers), then `changes`
     applied to the dumped spec: stages=..., sinks=... replace those lists."""

@@ -22,6 +22,7 @@ and the worker restarts. A lost JVM is raised as it is, at once.
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass, field, replace
 from weakref import WeakKeyDictionary
@@ -34,6 +35,8 @@ from streamjobs_core.watermarks import MIN_WATERMARK
 from . import probes
 from .inputs import InputBatch
 from .probes import Probe
+
+log = logging.getLogger(__name__)
 
 _ERROR_CHARS = 2000
 _PROBE_ROUNDS = 4  # different failing expressions probed per batch; then group testing
@@ -99,6 +102,8 @@ def process(stage, batch: InputBatch, watermark: int) -> tuple[pa.Table | None, 
             if _unplannable(stage, exc):
                 raise BatchFailed(f"the stage cannot plan the batch, whatever its records: {describe(exc)}") from exc
             first = exc
+            log.warning("a batch of %d records failed (%s); finding the records it fails on", batch.records,
+                        describe(exc), exc_info=True)
     isolation = _Isolation(stage, records if records is not None else _Records(batch), memory)
     isolation.run(flagged, first)
     if len(isolation.rejected) == batch.records and batch.records > 1:

@@ -165,6 +165,11 @@ def window_state_rows(spec: WindowAggregateStage, keys: pa.Array, window_start: 
     return pa.table(columns)
 
 
+def _partial(rows: pa.Table, name: str) -> pa.Array | pa.ChunkedArray:
+    """A partial of the windows due; null for an aggregation added live that no record of theirs reached."""
+    return rows.column(name) if name in rows.column_names else pa.nulls(rows.num_rows)
+
+
 def final_value(function: str, partials: list) -> pa.Array | pa.ChunkedArray:
     if function == "avg":
         total, count = partials
@@ -221,9 +226,18 @@ class WindowAggregate(_EventTimeStage):
         super().__init__(spec, store)
         store.bind(state_layout(spec))
         self._max_parallelism = max_parallelism
-        self._partials = partial_names(spec)
-        self._merges = list(zip(self._partials, (m for a in spec.aggregations for m in _MERGES[a.function])))
         self._steps = spec.window.size_ms // spec.window.step_ms  # windows per record
+        self._aggregations()
+
+    def reconfigure(self, spec: WindowAggregateStage) -> None:
+        """Besides what any stage may change live, aggregations added after the others (reconfigure.py): rows
+        in the state have no partials for them, which read as null and merge as nothing."""
+        super().reconfigure(spec)
+        self._aggregations()
+
+    def _aggregations(self) -> None:
+        self._partials = partial_names(self.spec)
+        self._merges = list(zip(self._partials, (m for a in self.spec.aggregations for m in _MERGES[a.function])))
 
     def _views(self) -> set[str]:
         return {"input"}  # partial_sql's
@@ -295,7 +309,11 @@ class WindowAggregate(_EventTimeStage):
             columns = {"k": grouped.column("k"), "ws": grouped.column("ws_min")}
             columns.update({name: grouped.column(f"{name}_{how}") for name, how in self._merges})
             columns[KG] = grouped.column(f"{KG}_min")
-            merged = pa.table(columns).cast(both.schema.remove(both.schema.get_field_index(_NEW)))
+            # In the state's column order, partials of aggregations added live after its key group: those
+            # are null in rows from before, even a count's, which Spark declares non-nullable.
+            target = both.schema.remove(both.schema.get_field_index(_NEW))
+            target = pa.schema([f.with_nullable(True) for f in target])
+            merged = pa.table(columns).select(target.names).cast(target)
             return merged, merged.filter(grouped.column(f"{_NEW}_max")), None
 
         return merge
@@ -309,7 +327,7 @@ class WindowAggregate(_EventTimeStage):
         columns = {self.spec.key_by: due.column("k"), "window_start": due.column("ws"), "window_end": ends}
         names = iter(self._partials)
         for agg in self.spec.aggregations:
-            columns[agg.as_] = final_value(agg.function, [due.column(next(names)) for _ in _PARTIALS[agg.function]])
+            columns[agg.as_] = final_value(agg.function, [_partial(due, next(names)) for _ in _PARTIALS[agg.function]])
         # Results carry the window's last instant as event time and its end as the
         # time latency is measured from (event time to sink).
         columns["event_time"] = pc.subtract(ends, 1)
