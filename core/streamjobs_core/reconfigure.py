@@ -9,8 +9,11 @@ A stateful stage keeps its state only while its key and its state's meaning
 stay: its key, window, aggregations, join bounds or state schema cannot change
 live unless its state is reset, and such a change is refused with the field
 named, never applied with the state dropped. Aggregations added after a
-window's others are the exception: the state keeps those, and an added one
-covers the records processed under it (null in a window none of them reached).
+window's or an `over` stage's others are the exception: the state stays. An
+added one covers the records processed under it: in a window, those that
+reach it after the switch (null in a window none of them reached); in `over`,
+each record read after the switch, over its whole frame (the history holds
+records), and the records waiting at the switch go out with it null.
 Parallelism is a rescale (rescale.py), done after the live part.
 
 How it happens (Chi's control events, carried like Flink's checkpoint
@@ -201,10 +204,8 @@ def _operator(group: str, old: dict, new: dict, reset: bool, reshaped: str | Non
             out.append(Change(where, How.LIVE, "the graph changes inside chains only", name))
         elif group == "sources":
             out.append(Change(where, How.REFUSED, "a source's settings define its input: it needs a new job", name))
-        elif f == "aggregations" and old["type"] == "window_aggregate" and not reset and _appended(old[f], new[f]):
-            out.append(Change(where, How.LIVE, "aggregations only added: the state keeps the others; an added "
-                              "one covers the records processed under it, null in a window none of them reached",
-                              name))
+        elif f == "aggregations" and old["type"] in _APPENDABLE and not reset and _appended(old[f], new[f]):
+            out.append(Change(where, How.LIVE, f"aggregations only added: {_APPENDABLE[old['type']]}", name))
         elif f in _STATE_FIELDS.get(old.get("type"), ()) and not reset:
             out.append(Change(where, How.REFUSED, f"the {old['type']} state depends on it: keep it, or start "
                               f"its state afresh (--reset-state {name}; on Kubernetes, the annotation "
@@ -214,8 +215,18 @@ def _operator(group: str, old: dict, new: dict, reset: bool, reshaped: str | Non
     return out
 
 
+# Stages whose aggregations may be added to live, and what an added one covers.
+_APPENDABLE = {
+    "window_aggregate": "the state keeps the others; an added one covers the records processed under it, null "
+                        "in a window none of them reached",
+    "over": "the state keeps records, so an added one covers each record read from the switch on over its whole "
+            "frame; records waiting at the switch go out with it null",
+}
+
+
 def _appended(old: list, new: list) -> bool:
-    """Whether `new` is `old` with aggregations added after it: a window's partials are stored by position."""
+    """Whether `new` is `old` with aggregations added after it: a window's partials are stored by position, and
+    an `over` stage tells the added ones by it."""
     return len(new) > len(old) and new[:len(old)] == old
 
 

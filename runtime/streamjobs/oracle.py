@@ -228,7 +228,10 @@ def _evaluate(spark: SparkSession, r: redis.Redis, op, inputs: list[DataFrame],
     if op.type == "window_aggregate":
         return _window(union, op, since)
     if op.type == "over":
-        return spark.sql(over_sql(op, "input", union.columns))
+        out = spark.sql(over_sql(op, "input", union.columns))
+        for name, version in (since or {}).items():  # read before the switch (`_v`): it went out without them
+            out = out.withColumn(name, F.when(F.col("_v") >= version, F.col(f"`{name}`")))
+        return out
     if op.type == "lookup":
         return lookup_join(union, load_table(spark, r, op), op)
     if op.type == "stateful":
@@ -391,9 +394,9 @@ def _what_it_computes(spec, keep_where: bool, keep_aggregations: bool = True) ->
 
 
 def _aggregations_added(specs: list) -> dict[str, int]:
-    """A window stage whose live changes added aggregations after its others (reconfigure.py): per aggregation
-    added, the first version that has it. Empty when none was added, or its aggregations changed otherwise."""
-    if any(spec is None or spec.type != "window_aggregate" for spec in specs):
+    """A window or `over` stage whose live changes added aggregations after its others (reconfigure.py): per
+    aggregation added, the first version that has it. Empty when none was added, or they changed otherwise."""
+    if any(spec is None or spec.type not in ("window_aggregate", "over") for spec in specs):
         return {}  # a stateful stage is never added or removed live
     lists = [spec.aggregations for spec in specs]
     if any(b[:len(a)] != a for a, b in zip(lists, lists[1:])):

@@ -16,6 +16,19 @@ from streamjobs_core.loading import load_job
 
 from .conftest import ROOT, assert_exact, in_a_thread
 
+# An `over` stage after `tag` on a worker of its own: records wait in its state until the watermark passes them.
+# Its aggregates are of event_time only (`k` counts up to 3), so that records tied on it, which go out in no
+# fixed order, come out alike whichever goes first.
+RECENT = {"name": "recent", "type": "over", "inputs": ["tag"], "keyBy": "word", "parallelism": 1, "rows": 3,
+          "aggregations": [{"function": "count", "as": "k"}]}
+
+
+def with_recent(path: str, out) -> None:
+    doc = yaml.safe_load((ROOT / path).read_text())
+    doc["spec"]["stages"].append(dict(RECENT))
+    doc["spec"]["sinks"].append({"name": "recents", "type": "redis_stream", "inputs": ["recent"]})
+    out.write_text(yaml.safe_dump(doc))
+
 
 def test_a_new_query_where_and_stages_switch_at_one_cut_through_sigkills_mid_alignment(redis_server, run, tmp_path):
     """`tag` (a query on its own workers) and `count` (a window) change live while words flow; a `tag` and a
@@ -23,19 +36,24 @@ def test_a_new_query_where_and_stages_switch_at_one_cut_through_sigkills_mid_ali
     force at its source offset by every operator: the oracle replays each one under its version, so a record
     processed under both plans, or neither, or the wrong one, shows as lost or duplicated. Then `streamjobs
     reconfigure` asks the running job for more versions, after one it refuses: a stage `mark` added to the
-    sources' chain (the streams into `tag` now come from it) and two aggregations added to `count` (its state
-    kept), with a source instance SIGKILLed as the version is published, a `tag` instance before it switched
-    and a `count` instance after; then `mark` removed again."""
-    new = load_job(ROOT / "tests/jobs/reconfigured-v1.yaml")
-    doc = yaml.safe_load((ROOT / "tests/jobs/reconfigured-v1.yaml").read_text())
+    sources' chain (the streams into `tag` now come from it), two aggregations added to `count` and one to
+    `recent` (their state kept), with a source instance SIGKILLed as the version is published, a `tag` instance
+    before it switched, `recent` as soon as it switched (records read before wait in its state, to go out
+    without the added aggregation) and a `count` instance after; then `mark` removed again."""
+    first, v1 = tmp_path / "v0.yaml", tmp_path / "v1.yaml"
+    with_recent("tests/jobs/reconfigured.yaml", first)
+    with_recent("tests/jobs/reconfigured-v1.yaml", v1)
+    new = load_job(v1)
+    doc = yaml.safe_load(v1.read_text())
     doc["spec"]["stages"][1]["keyBy"] = "tag"
     refused = tmp_path / "refused.yaml"
     refused.write_text(yaml.safe_dump(doc))
-    doc = yaml.safe_load((ROOT / "tests/jobs/reconfigured-v1.yaml").read_text())
+    doc = yaml.safe_load(v1.read_text())
     tag = doc["spec"]["stages"][0]
     tag["simulatedCostUs"] = 50
     doc["spec"]["stages"][1]["aggregations"] += [{"function": "max", "column": "event_time", "as": "last"},
                                                  {"function": "count", "as": "since"}]
+    doc["spec"]["stages"][2]["aggregations"] += [{"function": "max", "column": "event_time", "as": "latest"}]
     removed = tmp_path / "v3.yaml"
     removed.write_text(yaml.safe_dump(doc))
     tag["inputs"] = ["mark"]
@@ -65,6 +83,12 @@ def test_a_new_query_where_and_stages_switch_at_one_cut_through_sigkills_mid_ali
                 time.sleep(0.01)
             kill(op, index)
 
+        def kill_once_switched(op: str, index: int, version: int) -> None:
+            deadline = time.monotonic() + 120
+            while set(runtime.jobs.versions(op).values()) != {version} and time.monotonic() < deadline:
+                time.sleep(0.01)
+            kill(op, index)
+
         try:
             in_a_thread(lambda _: records.append(runtime.reconfigure(new)))(runtime)
             kill_once_published("tag", 0)  # tag/0 comes back to barriers it has not passed yet
@@ -74,7 +98,8 @@ def test_a_new_query_where_and_stages_switch_at_one_cut_through_sigkills_mid_ali
                 time.sleep(0.1)
             reconfigure_cli(refused)
             # words/0 (its chain gains `mark`) comes back while the version is out; tag/1 then meets the barriers
-            reconfigure_cli(added, lambda: (kill_once_published("words", 0), kill("tag", 1)))
+            reconfigure_cli(added, lambda: (kill_once_published("words", 0), kill("tag", 1),
+                                            kill_once_switched("recent", 0, 2)))
             time.sleep(2)  # words flow through `mark`, and count holds rows of both versions
             kill("count", 0)
             time.sleep(2)
@@ -89,9 +114,9 @@ def test_a_new_query_where_and_stages_switch_at_one_cut_through_sigkills_mid_ali
         if elapsed > 12:
             reconfigure(runtime)
 
-    report = run("tests/jobs/reconfigured.yaml", None, during=during)
+    report = run(str(first), None, during=during)
     assert_exact(report)
-    assert list(killed) == ["tag/0", "count/1", "words/0", "tag/1", "count/0"] and report["restarts"] >= 5
+    assert list(killed) == ["tag/0", "count/1", "words/0", "tag/1", "recent/0", "count/0"] and report["restarts"] >= 6
     assert not any(killed["tag/0"].values()) and not any(killed["count/1"].values()), killed  # before they switched
     assert set(killed["tag/1"].values()) == {1}, killed  # before it switched to the version adding `mark`
     assert len(records) == 1 and records[0].version == 1, records
@@ -99,7 +124,9 @@ def test_a_new_query_where_and_stages_switch_at_one_cut_through_sigkills_mid_ali
     assert "spec.stages[count].keyBy: refused" in cli[0].stdout
     assert "spec.stages[mark]: live (added to a chain)" in cli[1].stdout
     assert "spec.stages[count].aggregations: live (aggregations only added" in cli[1].stdout
+    assert "spec.stages[recent].aggregations: live (aggregations only added" in cli[1].stdout
     assert set(killed["count/0"].values()) == {2}, killed  # with rows of windows open before the switch
+    assert set(killed["recent/0"].values()) == {2}, killed
     assert [json.loads(c.stdout.splitlines()[-1])["version"] for c in cli[1:]] == [2, 3]
     assert [r["version"] for r in report["reconfigurations"]] == [1, 2, 3]
     streams = redis.Redis.from_url(redis_server.url).keys(JobKeys("reconfigured").kg_stream("mark", "tag", 0))
@@ -113,6 +140,9 @@ def test_a_new_query_where_and_stages_switch_at_one_cut_through_sigkills_mid_ali
         JobKeys("reconfigured").output_stream("counts"))]
     spanning = [f for f in counted if b"since" in f and int(f[b"since"]) < int(f[b"n"])]
     assert spanning and any(b"last" not in f for f in counted), "windows before, across and after the switch"
+    recents = [fields for _, fields in redis.Redis.from_url(redis_server.url).xrange(
+        JobKeys("reconfigured").output_stream("recents"))]
+    assert any(b"latest" in f for f in recents) and any(b"latest" not in f for f in recents)
 
 
 def test_a_rebalance_by_load_unloads_the_instance_holding_the_hot_key_groups_exactly(redis_server, run):

@@ -17,12 +17,12 @@ MAX_P = 12
 ROWS = 4
 
 
-def spec() -> OverStage:
+def spec(*added: dict) -> OverStage:
     return OverStage.model_validate({
         "name": "last", "type": "over", "inputs": ["sales"], "keyBy": "seller", "rows": ROWS,
         "orderBy": ["event_time", "sale"],
         "aggregations": [{"function": "avg", "column": "price", "as": "mean"}, {"function": "count", "as": "n"},
-                         {"function": "max", "column": "price", "as": "top"}],
+                         {"function": "max", "column": "price", "as": "top"}, *added],
     })
 
 
@@ -95,3 +95,59 @@ def test_a_record_behind_the_watermark_is_dropped_and_counted(spark):
     out, _ = logic.process(InputBatch(tables={"sales": [late]}, records=2), MAX_WATERMARK)
     assert logic.late_records == 1
     assert results(out) == Counter({(1, 3, 20.0, 2, 30): 1})
+
+
+def test_records_with_a_column_the_input_gained_live_meet_the_history_from_before_it(spark):
+    logic = Over(spec(), KeyGroupStore(range(MAX_P)), MAX_P)
+    first = pa.table({"seller": [1], "sale": [1], "price": [10], "event_time": [1000]})
+    logic.process(InputBatch(tables={"sales": [first]}, records=1), 1500)
+    gained = pa.table({"seller": [1], "sale": [2], "price": [30], "event_time": [2000], "region": ["eu"]})
+    gained = gained.cast(gained.schema.set(4, pa.field("region", pa.string(), nullable=False)))  # as Spark says
+    out, _ = logic.process(InputBatch(tables={"sales": [gained]}, records=1), MAX_WATERMARK)
+    assert results(out) == Counter({(1, 2, 20.0, 2, 30): 1}) and out.column("region").to_pylist() == ["eu"]
+
+
+def lowest_in_frame(data: dict) -> dict[int, int]:
+    """Per sale, the lowest price among its seller's last ROWS sales in event-time order (itself included)."""
+    out = {}
+    for seller in np.unique(data["seller"]):
+        mine = np.flatnonzero(data["seller"] == seller)
+        mine = mine[np.lexsort((data["sale"][mine], data["event_time"][mine]))]
+        for i, row in enumerate(mine):
+            out[int(data["sale"][row])] = int(data["price"][mine[max(0, i - ROWS + 1): i + 1]].min())
+    return out
+
+
+def test_an_aggregation_added_live_covers_each_record_read_after_the_switch_over_its_whole_frame(spark):
+    """`low` is added at a switch after the records offered before 3,000 were read: those the watermark had
+    passed went out without it, those still waiting go out with it null (read under the old plan), and every
+    record read after gets it over its whole frame, history from before the switch included; also in an
+    instance that restarts from the changelog right after the switch."""
+    data = records()
+    low = {"function": "min", "column": "price", "as": "low"}
+    logic = Over(spec(), KeyGroupStore(range(MAX_P)), MAX_P)
+    first, _ = logic.process(batch_between(data, 0, 3000, 500), 2000)
+    waiting = sum(logic.store.read([kg], WAITING).num_rows for kg in range(MAX_P) if logic.store.read([kg], WAITING))
+    assert first.num_rows and "low" not in first.column_names and waiting > 30
+    logic.reconfigure(spec(low))
+    log = ChangeLog()
+    for kg, changes in logic.store.drain_changes().items():
+        log.add(kg, changes)
+    restarted = Over(spec(low), KeyGroupStore(range(MAX_P)), MAX_P)
+    for kg, changes in log.fold(restarted.store.layout).items():
+        restarted.store.apply(kg, changes)
+    restarted.restore(dict.fromkeys(range(MAX_P), 2000))
+    read_before = set(data["sale"][data["event_time"] + 500 < 3000].tolist())
+    expected = lowest_in_frame(data)
+    for stage in (logic, restarted):
+        got, columns = {}, set()
+        for batch, watermark in ((batch_between(data, 3000, 6000, 500), 5500),
+                                 (batch_between(data, 6000, 9700, 500), 9200), (InputBatch(), MAX_WATERMARK)):
+            out = stage.process(batch, watermark)[0]
+            if out is not None:
+                got.update((r["sale"], r["low"]) for r in out.to_pylist())
+                columns.update(out.column_names)
+        assert len(got) == len(data["sale"]) - first.num_rows
+        assert sum(low is None for low in got.values()) == waiting
+        assert got == {sale: None if sale in read_before else expected[sale] for sale in got}
+        assert columns == {*first.column_names, "low"}, "the mark stays inside"

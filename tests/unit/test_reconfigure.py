@@ -79,6 +79,23 @@ def test_aggregations_added_after_a_windows_others_are_live_and_any_other_change
     assert not diff(edited(job(), count__aggregations=added), job()).live, "one taken away is refused"
 
 
+def test_aggregations_added_after_an_over_stages_others_are_live_and_any_other_change_to_them_refused():
+    data = job().model_dump(mode="json", by_alias=True)
+    count = {"function": "count", "as": "k"}
+    data["spec"]["stages"].append({"name": "recent", "type": "over", "inputs": ["tag"], "keyBy": "word", "rows": 3,
+                                   "aggregations": [count]})
+    data["spec"]["sinks"].append({"name": "recents", "type": "redis_stream", "inputs": ["recent"]})
+    base = type(job()).model_validate(data)
+    added = [count, {"function": "max", "column": "event_time", "as": "latest"}]
+    (change,) = diff(base, edited(base, recent__aggregations=added)).changes
+    assert (change.path, change.how) == ("spec.stages[recent].aggregations", How.LIVE)
+    assert "records waiting at the switch go out with it null" in change.reason
+    for other in ([added[1], count], [added[1]]):
+        (refused,) = diff(base, edited(base, recent__aggregations=other)).refused
+        assert "state depends on it" in refused.reason, other
+    assert diff(base, edited(base, recent__rows=5)).refused, "the history kept is rows - 1 records"
+
+
 def chained(**changes):
     """reconfigured.yaml with `tag` chained after the source (words -> tag on the same workers), then `changes`
     applied to the dumped spec: stages=..., sinks=... replace those lists."""

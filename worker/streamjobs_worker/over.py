@@ -8,6 +8,12 @@ records released by a batch go out in order, each aggregated with its key's
 last N-1 records before it, which state keeps (segment 0). The aggregation is
 Spark's own window function over the released records and that history, the
 same query the oracle runs over the whole input.
+
+Aggregations added live (reconfigure.py) need no state of their own: the
+history holds records, not aggregates, so an added one covers a record's whole
+frame at once. The records waiting at the switch were read under the old plan,
+and every record meets the plan in force at its source offset: the switch
+marks them (`_pre`, the names added), and they go out with those null.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from .state import KG, KeyGroupStore, StateLayout, concat, per_key_group, row_id
 
 OVER_STATE = StateLayout(key="_rid", segment="_seg")
 _RID, _SEG, _HISTORY = "_rid", "_seg", "_h"
+_PRE = "_pre"  # on a record waiting at a live switch: the aggregations added then, comma-separated
 HISTORY, WAITING = 0, 1
 _FUNCTIONS = {"count": "count(1)", "sum": "sum({c})", "avg": "avg({c})", "min": "min({c})", "max": "max({c})"}
 
@@ -46,6 +53,14 @@ class Over(_EventTimeStage):
         store.bind(OVER_STATE)
         self._max_parallelism = max_parallelism
         self._view = f"{view_name(spec.name)}__over"
+
+    def reconfigure(self, spec: OverStage) -> None:
+        """Besides what any stage may change live, aggregations added after the others (reconfigure.py allows
+        no other change to them without a reset): the records waiting now are marked to go out without them."""
+        added = [a.as_ for a in spec.aggregations[len(self.spec.aggregations):]]
+        super().reconfigure(spec)
+        if added and self.store.key_groups:
+            self.store.update(WAITING, self.store.key_groups, lambda waiting: _marked(waiting, added))
 
     def process(self, batch, watermark: int) -> tuple[pa.Table | None, int]:
         before = {kg: self._fired_before(kg) for kg in self.store.key_groups}
@@ -115,23 +130,32 @@ class Over(_EventTimeStage):
         return stored if stored.num_rows else None
 
     def _aggregate(self, released: pa.Table, history: pa.Table | None) -> pa.Table | None:
-        columns = [c for c in released.column_names if c not in (_RID, _SEG, KG)]
-        parts = [released.select(columns).append_column(_HISTORY, pa.repeat(False, released.num_rows))]
+        columns = [c for c in released.column_names if c not in (_RID, _SEG, KG, _PRE)]
+        marked = [_PRE] if _PRE in released.column_names else []
+        parts = [released.select([*columns, *marked]).append_column(_HISTORY, pa.repeat(False, released.num_rows))]
         if history is not None:
-            parts.append(history.select(columns).append_column(_HISTORY, pa.repeat(True, history.num_rows)))
+            # A column the input gained live (a query upstream changed) is null in the records kept from before.
+            kept = [c for c in columns if c in history.column_names]
+            parts.append(history.select(kept).append_column(_HISTORY, pa.repeat(True, history.num_rows)))
         both = pa.concat_tables(parts, promote_options="permissive")
+        if len(parts) > 1:  # the kept records' nulls in a gained column, which Spark may declare not null
+            both = both.cast(pa.schema([field.with_nullable(True) for field in both.schema]))
         with phases.phase("to_jvm"):
             spark.bridge(self.spark).frame(both).coalesce(1).createOrReplaceTempView(self._view)
         with phases.phase("plan"):
-            df = self.spark.sql(f"SELECT * FROM ({over_sql(self.spec, self._view, [*columns, _HISTORY])}) "
+            df = self.spark.sql(f"SELECT * FROM ({over_sql(self.spec, self._view, [*columns, *marked, _HISTORY])}) "
                                 f"WHERE NOT {_HISTORY}")
         out = collect(df).drop_columns([_HISTORY])
+        if marked:
+            out = _without_added(out, [a.as_ for a in self.spec.aggregations])
         return out if out.num_rows else None
 
     def _remember(self, released: pa.Table, history: pa.Table | None) -> None:
         """Each affected key's last rows - 1 records become its history."""
         if self.spec.rows == 1:
             return
+        if _PRE in released.column_names:
+            released = released.drop_columns([_PRE])
         released = released.set_column(released.schema.get_field_index(_SEG), _SEG,
                                        pa.array(np.full(released.num_rows, HISTORY, dtype=np.int64)))
         both = concat([history, released])
@@ -160,3 +184,29 @@ class Over(_EventTimeStage):
             return concat([keep, added]), added, gone
 
         self.store.update(HISTORY, touched, merge)
+
+
+def _marked(waiting: pa.Table | None, added: list[str]) -> tuple[pa.Table | None, pa.Table | None, None]:
+    """Waiting records with `added` among the aggregations they go out without; all rewritten (upserted)."""
+    if waiting is None:
+        return None, None, None
+    names = ",".join(added)
+    if _PRE in waiting.column_names:
+        before = waiting.column(_PRE)
+        pre = pc.if_else(pc.is_null(before), names, pc.binary_join_element_wise(before, names, ","))
+        waiting = waiting.set_column(waiting.schema.get_field_index(_PRE), _PRE, pre)
+    else:
+        waiting = waiting.append_column(_PRE, pa.repeat(pa.scalar(names, pa.string()), waiting.num_rows))
+    return waiting, waiting, None
+
+
+def _without_added(out: pa.Table, aggregates: list[str]) -> pa.Table:
+    """Each record marked at a switch with the aggregates added there nulled (they came after it was read)."""
+    pre = out.column(_PRE)
+    for name in aggregates:
+        hit = pc.fill_null(pc.match_substring_regex(pre, f"(^|,){name}(,|$)"), False)
+        if pc.any(hit).as_py():
+            column = out.column(name)
+            out = out.set_column(out.schema.get_field_index(name), name,
+                                 pc.if_else(hit, pa.nulls(out.num_rows, column.type), column))
+    return out.drop_columns([_PRE])
