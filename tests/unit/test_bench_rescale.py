@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-from streamjobs.bench.rescale import held_up_ms, longest_gap_ms, output_gap_ms, per_bin, summary
+from streamjobs.bench.rescale import drift_ms, held_up_ms, longest_gap_ms, output_gap_ms, per_bin, summary
 
 
 def test_the_longest_gap_counts_the_window_edges():
@@ -47,3 +47,11 @@ def test_a_strategy_reports_the_worse_of_scale_out_and_scale_in():
     figures = summary(measured)
     assert figures["pause_ms"] == 300.0 and figures["bytes_moved"] == 10 and figures["max_latency_ms"] == 10.0
     assert (figures["lost"], figures["duplicated"], figures["correct"]) == (0, 0, True)
+
+
+def test_drift_is_the_rise_of_the_median_from_the_first_half_to_the_second():
+    times = np.array([0, 100, 200, 600, 700, 800, 1_500])
+    values = np.array([900.0, 1_000.0, 1_100.0, 2_900.0, 3_000.0, 3_100.0, 99_999.0])  # the last is outside
+    assert drift_ms(times, values, 0, 1_000) == 2_000  # falling behind: 1,000 -> 3,000
+    assert drift_ms(times, values - np.array([0, 0, 0, 2_000, 2_000, 2_000, 0]), 0, 1_000) == 0
+    assert drift_ms(times, values, 1_000, 2_000) is None  # nothing in its first half to compare with

@@ -206,6 +206,17 @@ def held_up_ms(times: np.ndarray, groups: np.ndarray, latency: np.ndarray, kgs: 
     return max(0.0, float(latency[chosen].max()) - usual_ms) if chosen.any() else 0.0
 
 
+def drift_ms(times: np.ndarray, values: np.ndarray, start_ms: float, end_ms: float) -> float | None:
+    """How much the median of `values` rose from the first half of [start, end) to the second: a job keeping
+    up with its input drifts by noise only, one falling behind by the lag it builds."""
+    middle = (start_ms + end_ms) / 2
+    early = values[(times >= start_ms) & (times < middle)]
+    late = values[(times >= middle) & (times < end_ms)]
+    if not len(early) or not len(late):
+        return None
+    return float(np.median(late) - np.median(early))
+
+
 def longest_gap_ms(times: np.ndarray, start_ms: float, end_ms: float) -> float:
     """The longest stretch within [start, end] without an event at `times` (the edges count as events)."""
     inside = np.sort(times[(times >= start_ms) & (times <= end_ms)]).astype(np.float64)
