@@ -106,6 +106,12 @@ def test_records_with_a_column_the_input_gained_live_meet_the_history_from_befor
     out, _ = logic.process(InputBatch(tables={"sales": [gained]}, records=1), MAX_WATERMARK)
     assert results(out) == Counter({(1, 2, 20.0, 2, 30): 1}) and out.column("region").to_pylist() == ["eu"]
 
+    # Without history (rows 1): records from before the gain wait beside later ones, in one state table.
+    alone = Over(spec().model_copy(update={"rows": 1}), KeyGroupStore(range(MAX_P)), MAX_P)
+    alone.process(InputBatch(tables={"sales": [first]}, records=1), 500)
+    out, _ = alone.process(InputBatch(tables={"sales": [gained]}, records=1), MAX_WATERMARK)
+    assert sorted(out.column("region").to_pylist(), key=str) == [None, "eu"]
+
 
 def lowest_in_frame(data: dict) -> dict[int, int]:
     """Per sale, the lowest price among its seller's last ROWS sales in event-time order (itself included)."""

@@ -332,7 +332,7 @@ def _figures(live: dict, restart: dict, flink: dict | None) -> dict:
 
 
 def _over_steady(live: dict) -> float | None:
-    """Max latency around the change over the steady p99; none where the job was falling behind before it."""
+    """Max latency around the change over the steady p99; none where the stretch before it was not steady."""
     return _ratio(live["max_latency_ms"], live["steady_p99_ms"]) if live["steady"] else None
 
 

@@ -207,8 +207,8 @@ def held_up_ms(times: np.ndarray, groups: np.ndarray, latency: np.ndarray, kgs: 
 
 
 def drift_ms(times: np.ndarray, values: np.ndarray, start_ms: float, end_ms: float) -> float | None:
-    """How much the median of `values` rose from the first half of [start, end) to the second: a job keeping
-    up with its input drifts by noise only, one falling behind by the lag it builds."""
+    """How much the median of `values` moved from the first half of [start, end) to the second (up: positive):
+    a job keeping up with its input drifts by noise only, one falling behind rises, one draining a backlog falls."""
     middle = (start_ms + end_ms) / 2
     early = values[(times >= start_ms) & (times < middle)]
     late = values[(times >= middle) & (times < end_ms)]
