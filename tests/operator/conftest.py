@@ -99,8 +99,28 @@ def job(emulator, kube, kubelet, tmp_path):
     yield apply
     for name in names:
         kube.delete("streamjobs", NAMESPACE, name)
-    for name in names:  # a job still warming up is deleted once its create handler lets go: slow on a busy machine
-        eventually(lambda name=name: kube.get("streamjobs", NAMESPACE, name) is None, 120, f"{name} deleted")
+    for name in names:
+        await_deleted(kube, kubelet, name)
+
+
+def await_deleted(kube: Kube, kubelet: Kubelet | None, name: str, timeout_s: float = 120.0) -> None:
+    """Wait until StreamJob `name`, deleted, is gone: its finalizer stopped its workers and cleared its Redis.
+
+    A job still warming up goes once its create handler lets go, slow on a busy machine. A timeout says what
+    held the deletion up: the job's finalizers and kopf's handler progress, and its workers still running.
+    """
+    deadline = time.monotonic() + timeout_s
+    while (body := kube.get("streamjobs", NAMESPACE, name)) is not None:
+        if time.monotonic() > deadline:
+            meta = body.get("metadata") or {}
+            progress = {k: v for k, v in (meta.get("annotations") or {}).items() if k.startswith("streamjobs.dev/")}
+            running = [] if kubelet is None else [
+                f"{pod.name}{' (terminating)' if pod.terminating else ''}" for pod in list(kubelet.pods.values())
+                if pod.name.startswith(f"{name}-") and pod.process.poll() is None]
+            pytest.fail(f"{name} not deleted after {timeout_s:.0f} s: finalizers {meta.get('finalizers')}, "
+                        f"deletionTimestamp {meta.get('deletionTimestamp')}, workers running {running}, "
+                        f"kopf progress {progress}")
+        time.sleep(0.2)
 
 
 def events(emulator, name: str) -> list[dict]:

@@ -18,7 +18,7 @@ from streamjobs_core.jobstore import RedisJobStore
 from streamjobs_core.layout import JobKeys
 from streamjobs_operator.resources import LABEL_JOB
 
-from .conftest import NAMESPACE, assert_exact_after_stop, eventually
+from .conftest import NAMESPACE, assert_exact_after_stop, await_deleted, eventually
 from .jobs import wordcopy
 from .kubelet import Kubelet
 
@@ -85,4 +85,4 @@ def test_a_rescale_interrupted_by_an_operator_crash_is_resumed(emulator, kube, r
         assert_exact_after_stop(redis_client, "survivor", sink_instances=3, at_least=500)
         assert not kubelet.errors
         kube.delete("streamjobs", NAMESPACE, "survivor")
-        eventually(lambda: kube.get("streamjobs", NAMESPACE, "survivor") is None, 60, "deleted")
+        await_deleted(kube, kubelet, "survivor")

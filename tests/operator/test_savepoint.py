@@ -11,7 +11,7 @@ import sys
 from streamjobs import oracle
 from streamjobs_core.jobstore import RedisJobStore
 
-from .conftest import NAMESPACE, events, eventually
+from .conftest import NAMESPACE, await_deleted, events, eventually
 from .jobs import apply, get, phase, window_counts
 
 
@@ -28,7 +28,7 @@ def test_a_job_restored_from_a_savepoint_goes_on_rescaled_and_exact(
     written = redis_client.xrange(out, count=30)
     t0 = jobs.plan().t0_ms
     kube.delete("streamjobs", NAMESPACE, "saved")  # its finalizer deletes every key of the job
-    eventually(lambda: kube.get("streamjobs", NAMESPACE, "saved") is None, 60, "saved deleted")
+    await_deleted(kube, kubelet, "saved")
     assert redis_client.xlen(out) == 0
 
     # Restored with a longer window, which its state depends on: the annotation starts that state afresh.
