@@ -111,6 +111,9 @@ class JobStore(Protocol):
     def rescale_requests(self) -> list[RescaleRequest]: ...
 
     # --- live reconfiguration (reconfigure.py) ---------------------------------------------
+    def prepare_plan(self, plan: JobPlan, heads: tuple[str, ...]) -> None:
+        """`plan`, the next version, readable before it is published, with the first assignment of the chains
+        `heads` it adds, their key groups at its version: their workers start on it before anything switches."""
     def publish_plan(self, plan: JobPlan, state: ReconfigureState) -> None:
         """`plan` becomes the latest version (the one before kept under its version) and `state` the
         reconfiguration in progress, at once."""
@@ -183,6 +186,9 @@ class JobStore(Protocol):
     def streams(self, op: str, names: list[str]) -> list[tuple[bytes | None, Runs | None]]: ...
     def forget_streams(self, commit: Commit, op: str, names: list[str]) -> None:
         """Input streams `op` reads no more (their producer's tail changed live): them and their progress."""
+    def drop_inputs(self, plan: JobPlan, op: str) -> None:
+        """Chain head `op` of `plan`, which a later version removed, reads nothing more: its input streams and
+        its progress in them go."""
 
 
 class ChangeInProgress(RuntimeError):
@@ -390,11 +396,20 @@ class RedisJobStore:
         return [RescaleRequest.decode(x) for x in self.r.lrange(self.keys.rescale_requests, 0, -1)]
 
     # --- live reconfiguration ----------------------------------------------------------------
+    def prepare_plan(self, plan: JobPlan, heads: tuple[str, ...]) -> None:
+        pipe = self.r.pipeline(transaction=True)
+        pipe.hset(self.keys.plans, str(plan.version), plan.to_json())
+        for op in heads:
+            self.write_assignment(op, plan.initial_assignment(op), pipe=pipe)
+            pipe.hset(self.keys.versions(op), mapping={kg: plan.version for kg in range(plan.key_groups(op))})
+        pipe.execute()
+
     def publish_plan(self, plan: JobPlan, state: ReconfigureState) -> None:
         before = self.r.get(self.keys.plan)
         pipe = self.r.pipeline(transaction=True)
         if before is not None:
             pipe.hset(self.keys.plans, str(JobPlan.from_json(before).version), before)
+        pipe.hdel(self.keys.plans, str(plan.version))  # prepared: it is the latest now
         pipe.set(self.keys.plan, plan.to_json())
         pipe.set(self.keys.reconfigure_current, state.encode())
         pipe.execute()
@@ -588,6 +603,14 @@ class RedisJobStore:
             for name in names:
                 commit.delete(name)
 
+    def drop_inputs(self, plan: JobPlan, op: str) -> None:
+        pipe = self.r.pipeline(transaction=True)
+        for edge in plan.edges_in(op):
+            pipe.delete(self.keys.produced(edge.upstream, op), self.keys.consumed(edge.upstream, op),
+                        *(self.keys.kg_stream(edge.upstream, op, kg) for kg in range(plan.key_groups(op))))
+        pipe.delete(self.keys.offsets(op), self.keys.watermarks(op))
+        pipe.execute()
+
     def streams(self, op: str, names: list[str]) -> list[tuple[bytes | None, Runs | None]]:
         if not names:
             return []
@@ -748,9 +771,16 @@ class MemoryJobStore:
     def rescale_requests(self) -> list[RescaleRequest]:
         return list(self._requests)
 
+    def prepare_plan(self, plan: JobPlan, heads: tuple[str, ...]) -> None:
+        self._plans[plan.version] = plan
+        for op in heads:
+            self.write_assignment(op, plan.initial_assignment(op))
+            self.record_versions(None, op, range(plan.key_groups(op)), plan.version)
+
     def publish_plan(self, plan: JobPlan, state: ReconfigureState) -> None:
         if self._plan is not None:
             self._plans[self._plan.version] = self._plan
+        self._plans.pop(plan.version, None)
         self._plan, self._reconfiguring = plan, state
 
     def plan_version(self, version: int) -> JobPlan | None:
@@ -898,6 +928,10 @@ class MemoryJobStore:
     def forget_streams(self, commit: Commit | None, op: str, names: list[str]) -> None:
         for name in names:
             self._streams.pop((op, name), None)
+
+    def drop_inputs(self, plan: JobPlan, op: str) -> None:
+        for key in [k for k in self._streams if k[0] == op]:
+            del self._streams[key]
 
     def streams(self, op: str, names: list[str]) -> list[tuple[bytes | None, Runs | None]]:
         return [self._streams.get((op, name), (None, None)) for name in names]

@@ -2,9 +2,13 @@
 
 What may change live is decided field by field (`diff`): a stage's logic
 (`query`, `function`, `where`, `select`, ...), `onError`, `simulatedCostUs`,
-a sink's settings, batching and snapshot settings, and the graph inside a
-chain: a stateless stage or a sink added to or removed from a chain (the chains'
-heads, which run on workers, and the streams between chains stay; chaining.py).
+a sink's settings, batching and snapshot settings, and the graph: a stage, a
+sink or a source added, a stateless stage, a sink or a source removed, in a
+chain or on workers of their own (chaining.py). A chain a version adds gets its
+workers before anything switches; one it removes passes the barriers on and is
+stopped once the version is complete. What stays is who writes each stream
+between chains: an operator joining or leaving a chain that goes on would give
+a stream a second writer across the cut, and is refused.
 A stateful stage keeps its state only while its key and its state's meaning
 stay: its key, window, aggregations, join bounds or state schema cannot change
 live unless its state is reset, and such a change is refused with the field
@@ -38,10 +42,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
-from .chaining import Chain, chains
+from .chaining import chains
 from .control import ControlEvent, ControlRecord, ReconfigureRecord, ReconfigureState
 from .jobstore import JobStore
-from .plan import JobPlan, routing_key
+from .plan import JobPlan
 from .rescale import Fleet
 from .spec import BUILT_IN_HANDLERS, StreamJob
 
@@ -120,50 +124,52 @@ def diff(old: StreamJob, new: StreamJob, reset: Iterable[str] = ()) -> Reconfigu
         if key in _GROUPS or key in _NOT_THE_JOBS or a.get(key) == b.get(key):
             continue
         changes.extend(_settings(key, a.get(key), b.get(key)))
-    reshaped = _reshaped(old.spec, new.spec)
+    changes.extend(_rewritten(old.spec, new.spec))
     for group in _GROUPS:
         before = {op["name"]: op for op in a[group]}
         after = {op["name"]: op for op in b[group]}
         for name in sorted(before.keys() ^ after.keys()):
-            changes.append(_added_or_removed(group, (after if name in after else before)[name], name in after,
-                                             reshaped))
+            changes.append(_added_or_removed(group, (after if name in after else before)[name], name in after))
         for name in sorted(before.keys() & after.keys()):
-            changes.extend(_operator(group, before[name], after[name], name in reset, reshaped))
+            changes.extend(_operator(group, before[name], after[name], name in reset))
     return Reconfiguration(tuple(changes))
 
 
-def _reshaped(old, new) -> str | None:
-    """Why the graph `new` has cannot replace `old`'s live, or None: it may change only inside chains, where a
-    record goes from one member to the next in the same batch. The chains' heads (what runs on workers, owns
-    key groups and is rescaled) and the edges between chains (the streams, and how they partition) stay."""
-    before, after = chains(old), chains(new)
-    if {c.head for c in before} != {c.head for c in after}:
-        return (f"it changes the job's graph and the workers it runs on (chains {_heads(before)} -> "
-                f"{_heads(after)}): only an operator chained into its neighbours comes or goes live")
-    if _edges_between(old, before) != _edges_between(new, after):
-        return "it changes the job's graph between chains (the streams, or their partitioning): it needs a new job"
-    return None
+def _rewritten(old, new) -> list[Change]:
+    """Streams between chains that other workers would write after the cut than before it (an operator joining
+    or leaving a chain that goes on): what they wrote after their barriers would mix with the old writers'
+    records before theirs. A stream gets a new name when its writer changes: a chain's tail, or a consumer."""
+    before, after = _writers(old), _writers(new)
+    return [Change(f"spec.{_group(new, tail)}[{tail}]", How.REFUSED,
+                   f"its stream to '{consumer}' would be written by the workers of '{after[tail, consumer]}' after "
+                   f"the cut and of '{before[tail, consumer]}' before it (a chain splits or joins another): it "
+                   "needs a new job", tail)
+            for tail, consumer in sorted(before.keys() & after.keys())
+            if before[tail, consumer] != after[tail, consumer]]
 
 
-def _heads(found: tuple[Chain, ...]) -> str:
-    return ", ".join(" -> ".join(c.operators) for c in found)
+def _writers(spec) -> dict[tuple[str, str], str]:
+    """(chain tail, consuming chain head) -> the head whose workers write that stream."""
+    return {(c.tail, consumer.name): c.head for c in chains(spec) for consumer in spec.consumers(c.tail)}
 
 
-def _edges_between(spec, found: tuple[Chain, ...]) -> set[tuple[str, str, tuple[str, ...] | None]]:
-    """(producer chain, consumer chain, routing columns) per stream: a chain's tail feeds other chains' heads."""
-    return {(c.head, consumer.name, routing_key(consumer, c.tail)) for c in found for consumer in spec.consumers(c.tail)}
+def _group(spec, name: str) -> str:
+    return next(g for g in _GROUPS if any(op.name == name for op in getattr(spec, g)))
 
 
-def _added_or_removed(group: str, op: dict, added: bool, reshaped: str | None) -> Change:
-    """A stage or sink chained between two operators (or at a chain's end) comes or goes live; anything else
-    changes the workers or the streams between them."""
-    path, name, verb = f"spec.{group}[{op['name']}]", op["name"], "adding" if added else "removing"
-    if group == "sources" or op["type"] in _STATE_FIELDS:
-        what = "a source" if group == "sources" else f"a {op['type']} stage"
-        return Change(path, How.REFUSED, f"{verb} {what} is not live yet: it needs a new job", name)
-    if reshaped is not None:
-        return Change(path, How.REFUSED, f"{verb} it: {reshaped}", name)
-    return Change(path, How.LIVE, f"{'added to' if added else 'removed from'} a chain", name)
+def _added_or_removed(group: str, op: dict, added: bool) -> Change:
+    """An operator comes or goes at the cut, in a chain or on workers of its own (the controller starts and
+    stops those). A stateful stage added starts empty; one removed would drop windows and rows still open."""
+    path, name = f"spec.{group}[{op['name']}]", op["name"]
+    if group == "sources":
+        return Change(path, How.LIVE, "read from its start, under the new plan" if added
+                      else "its input is no longer read from the cut on", name)
+    if op["type"] in _STATE_FIELDS:
+        if added:
+            return Change(path, How.LIVE, "its state starts empty at the cut: it sees the records after it", name)
+        return Change(path, How.REFUSED, f"removing a {op['type']} stage would drop the state it holds (windows "
+                      "and rows not emitted yet): it needs a new job", name)
+    return Change(path, How.LIVE, "added at the cut" if added else "removed at the cut", name)
 
 
 def _reset(name: str, old: dict, new: dict) -> Change:
@@ -189,7 +195,7 @@ def _settings(key: str, old, new) -> list[Change]:
     return [Change(f"spec.{key}", How.REFUSED, "read when the job starts: it needs a new job")]
 
 
-def _operator(group: str, old: dict, new: dict, reset: bool, reshaped: str | None) -> list[Change]:
+def _operator(group: str, old: dict, new: dict, reset: bool) -> list[Change]:
     path = f"spec.{group}[{old['name']}]"
     out = []
     for f in _changed_fields(old, new):
@@ -197,11 +203,13 @@ def _operator(group: str, old: dict, new: dict, reset: bool, reshaped: str | Non
         name = old["name"]
         if f == "parallelism":
             out.append(Change(where, How.RESCALE, f"{old[f]} -> {new[f]}", name))
-        elif f == "type" or (f in _SHAPE_FIELDS and reshaped is not None):
-            out.append(Change(where, How.REFUSED, reshaped or "it changes the job's graph: it needs a new job",
-                              name))
+        elif f == "type":
+            out.append(Change(where, How.REFUSED, "another kind of operator: it needs a new job", name))
+        elif f == "inputs" and old["type"] == "join" and not reset:
+            out.append(Change(where, How.REFUSED, "a join's state is kept per side: keep its inputs, or start "
+                              f"its state afresh (--reset-state {name})", name))
         elif f in _SHAPE_FIELDS:
-            out.append(Change(where, How.LIVE, "the graph changes inside chains only", name))
+            out.append(Change(where, How.LIVE, "the graph changes at the cut", name))
         elif group == "sources":
             out.append(Change(where, How.REFUSED, "a source's settings define its input: it needs a new job", name))
         elif f == "aggregations" and old["type"] in _APPENDABLE and not reset and _appended(old[f], new[f]):
@@ -257,6 +265,19 @@ def holds_back(old: JobPlan, new: JobPlan, operators: tuple[str, ...]) -> bool:
     return bool(reach & affected)
 
 
+def plan_for(store: JobStore, op: str) -> JobPlan:
+    """The plan a starting worker of chain head `op` reads its assignment from: the latest; the version being
+    prepared, for a chain it adds (its workers start before the sources switch); or, for a chain a later
+    version removed, the last with it (plan_in_force then tells whether its key groups passed the removal)."""
+    latest = store.plan()
+    if op in latest.vertices:
+        return latest
+    prepared = store.plan_version(latest.version + 1)
+    if prepared is not None and op in prepared.vertices:
+        return prepared
+    return next((p for p in reversed(store.plans()) if op in p.vertices), latest)
+
+
 def plan_in_force(store: JobStore, plan: JobPlan, op: str, owned: tuple[int, ...]) -> JobPlan:
     """The plan version the key groups (source partitions) `owned` of chain head `op` switched to last: what a
     (re)starting instance of them runs. They switch together, in one instance's commit."""
@@ -284,17 +305,23 @@ class ReconfigureController:
     """
 
     def __init__(self, store: JobStore, timeout_s: float = 180.0, sleep: Callable[[float], None] = time.sleep,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, fleet: Fleet | None = None) -> None:
         self._store = store
         self._timeout_s = timeout_s
         self._sleep = sleep
         self._clock = clock
+        self._fleet = fleet  # starts and stops the workers of chains a version adds or removes
 
     def apply(self, job: StreamJob, request: str | None = None, restart: Fleet | None = None,
               reset: tuple[str, ...] = ()) -> tuple[Reconfiguration, ReconfigureRecord | None]:
         """Check `job` against the running plan; refused changes raise Refused (nothing is applied). Live
         changes are applied; returns the classification and the record (None when nothing changes live).
         The stateful stages in `reset` start their state afresh at the cut.
+
+        A chain the new plan adds (an operator on workers of its own) gets its workers before the sources
+        are asked to switch: they run the new version from the start, reading streams its producers write
+        only after their barriers. A chain it removes passes the barriers on, and its workers stop once the
+        version is complete.
 
         With `restart`, the same change the way Flink makes it, the baseline: every worker stops after its
         last commit (which is then the cut), and the job starts again on the new plan."""
@@ -307,15 +334,25 @@ class ReconfigureController:
             return changes, None
         version = running.version + 1
         state = ReconfigureState(version, time.time(), tuple(c.describe() for c in changes.live), request)
+        # Parallelism stays the running one: the rescale that follows changes it, through its own controller.
+        new = JobPlan(_with_parallelism(job, running.job), running.t0_ms, version, resets=tuple(reset))
+        added = {op: new.spec.operator(op).parallelism for op in new.vertices if op not in running.vertices}
+        fleet = restart or self._fleet
+        if (added or set(running.vertices) - set(new.vertices)) and fleet is None:
+            raise RuntimeError("this change starts or stops workers, and the controller was given no fleet")
         if restart is not None:
             parallelism = {op: self._store.assignment(op).parallelism for op in running.vertices}
             restart.stop_job()
-        # Parallelism stays the running one: the rescale that follows changes it, through its own controller.
-        self._store.publish_plan(JobPlan(_with_parallelism(job, running.job), running.t0_ms, version,
-                                         resets=tuple(reset)), state)
+        if added:
+            self._store.prepare_plan(new, tuple(added))
         if restart is not None:
-            restart.start_job(parallelism)
-        return changes, self._await(state)
+            self._store.publish_plan(new, state)
+            restart.start_job({**parallelism, **added})
+        else:
+            for op, parallelism in added.items():
+                fleet.start_chain(op, parallelism)
+            self._store.publish_plan(new, state)
+        return changes, self._await(state, fleet)
 
     def deliver(self, event: ControlEvent) -> ControlRecord:
         """Deliver a control event to every instance of its operator at a sync point (Chi): it travels as a
@@ -338,14 +375,14 @@ class ReconfigureController:
         state = ReconfigureState(running.version + 1, time.time(), (f"control {event.name} -> {event.operator}",),
                                  event.id)
         self._store.publish_plan(JobPlan(running.job, running.t0_ms, state.version, event), state)
-        self._await(state)
+        self._await(state, self._fleet)
         return next(r for r in reversed(self._store.control_history()) if r.event.id == event.id)
 
     def resume(self) -> ReconfigureRecord | None:
         state = self._store.reconfigure_state()
-        return None if state is None else self._await(state)
+        return None if state is None else self._await(state, self._fleet)
 
-    def _await(self, state: ReconfigureState) -> ReconfigureRecord:
+    def _await(self, state: ReconfigureState, fleet: Fleet | None) -> ReconfigureRecord:
         plan = self._store.plan_version(state.version)
         deadline = self._clock() + self._timeout_s
         while waiting := self.waiting(plan):
@@ -361,15 +398,26 @@ class ReconfigureController:
         if plan.control is not None:  # its replies came with the switches just awaited
             control = ControlRecord(plan.control, plan.version, self._store.replies(plan.control.id),
                                     record.duration_s, record.pause_ms)
+        previous = self._store.plan_version(plan.version - 1)
+        removed = [] if previous is None else [op for op in previous.vertices if op not in plan.vertices]
+        if removed and fleet is not None:  # they passed their barriers on: nothing reads what they would write
+            for op in removed:
+                fleet.stop_chain(op)
+                self._store.drop_inputs(previous, op)
         self._store.end_reconfigure(record, control)
         return record
 
     def waiting(self, plan: JobPlan) -> dict[str, int]:
-        """Per chain head: how many of its key groups (source partitions) have not switched to `plan` yet."""
+        """Per chain head: how many of its key groups (source partitions) have not switched to `plan` yet. A
+        chain `plan` removed switches too: its instances pass the barriers on, then wait to be stopped."""
+        previous = self._store.plan_version(plan.version - 1)
+        heads = [(op, plan) for op in plan.vertices]
+        if previous is not None:
+            heads += [(op, previous) for op in previous.vertices if op not in plan.vertices]
         out = {}
-        for op in plan.vertices:
+        for op, where in heads:
             versions = self._store.versions(op)
-            behind = sum(1 for kg in range(plan.key_groups(op)) if versions.get(kg, 0) < plan.version)
+            behind = sum(1 for kg in range(where.key_groups(op)) if versions.get(kg, 0) < plan.version)
             if behind:
                 out[op] = behind
         return out
@@ -389,19 +437,24 @@ def ask(store: JobStore, event: ControlEvent, timeout_s: float, sleep: Callable[
 
 
 def _with_parallelism(job: StreamJob, running: StreamJob) -> StreamJob:
-    """`job` at the running parallelism; an operator it adds runs in the chain it joins (diff allows only that),
-    so at its input's."""
+    """`job` at the running parallelism; an operator it adds runs at its input's when it joins that chain, at
+    its own on workers of its own."""
     spec = job.spec
     running_names = {op.name for op in running.spec.operators}
+    head = {member: c.head for c in chains(spec) for member in c.operators}
     parallelism: dict[str, int] = {}
     for name in spec.topological_order():
         op = spec.operator(name)
-        parallelism[name] = (running.spec.operator(name).parallelism if name in running_names
-                             else parallelism[op.inputs[0]])
+        if name in running_names:
+            parallelism[name] = running.spec.operator(name).parallelism
+        elif head[name] != name:
+            parallelism[name] = parallelism[op.inputs[0]]
+        else:
+            parallelism[name] = op.parallelism
     groups = {group: tuple(op.model_copy(update={"parallelism": parallelism[op.name]}) for op in getattr(spec, group))
               for group in _GROUPS}
     return job.model_copy(update={"spec": spec.model_copy(update=groups)})
 
 
 __all__ = ["Change", "How", "Reconfiguration", "ReconfigureController", "Refused", "ask", "diff",
-           "holds_back", "plan_in_force"]
+           "holds_back", "plan_for", "plan_in_force"]

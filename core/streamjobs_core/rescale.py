@@ -71,6 +71,12 @@ class Fleet(Protocol):
     def remove_instances(self, op: str, parallelism: int) -> None:
         """Stop the instances of `op` from `parallelism` on (they own nothing any more); return once gone."""
 
+    def start_chain(self, op: str, parallelism: int) -> None:
+        """Start the workers of chain `op`, which a plan version being prepared adds; wait until they process."""
+
+    def stop_chain(self, op: str) -> None:
+        """Stop every worker of chain `op`, which the plan in force removed; return once they are gone."""
+
 
 def progress(store: JobStore) -> dict | None:
     """The rescale in progress as `streamjobs status` and the StreamJob's status show it: in PRESTAGE how far

@@ -8,6 +8,8 @@ fluid or batched rescale scales OP's current StatefulSet instead: up before
 its key groups move, down after (the pods it removes own nothing then). The
 controller owns the order and the waiting on Redis; every method here is
 idempotent, so a controller that resumes after an operator restart may repeat any.
+A chain a live reconfiguration adds gets its Service and StatefulSet (epoch 1)
+before the sources switch; one it removes loses both once the version is complete.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import time
 from collections.abc import Callable
 
 from .kube import Kube
-from .resources import LABEL_EPOCH, Owner, labels, statefulset_name
+from .resources import LABEL_EPOCH, Owner, labels, service, service_name, statefulset_name
 
 # (op, epoch, replicas, standby) -> StatefulSet manifest
 StatefulSetBuilder = Callable[[str, int, int, bool], dict]
@@ -76,6 +78,18 @@ class KubernetesFleet:
         # A StatefulSet removes its highest ordinals first: the instances a scale-in emptied.
         self._scale(self.current(op), parallelism)
         self.wait_gone(op, lambda pod: _ordinal(pod) >= parallelism)
+
+    def start_chain(self, op: str, parallelism: int) -> None:
+        self.kube.ensure("services", service(self.owner, op))
+        if self.current(op) is None:
+            self.ensure(self.build(op, 1, parallelism, False), parallelism)
+        self.wait_ready({op: parallelism})
+
+    def stop_chain(self, op: str) -> None:
+        for sts in self.statefulsets(op):
+            self.kube.delete("statefulsets", self.owner.namespace, sts["metadata"]["name"])
+        self.wait_gone(op, lambda pod: True)
+        self.kube.delete("services", self.owner.namespace, service_name(self.owner.name, op))
 
     def wait_ready(self, parallelism: dict[str, int]) -> None:
         """Wait until each operator's current StatefulSet reports that many ready pods."""

@@ -210,7 +210,8 @@ def reconfigure(ctx: JobContext, changes: Reconfiguration,
     ctx.status.phase(status.RECONFIGURING, "; ".join(c.describe() for c in changes.live))
     with ctx.redis() as r:
         jobs = RedisJobStore(r, ctx.owner.name)
-        _, record = ReconfigureController(jobs, ctx.settings.ready_timeout_s).apply(ctx.job, reset=reset)
+        _, record = ReconfigureController(jobs, ctx.settings.ready_timeout_s, fleet=ctx.fleet()).apply(
+            ctx.job, reset=reset)
         _publish_plan(ctx, jobs.plan())
     if reset:
         ctx.kube.patch("streamjobs", ctx.owner.namespace, ctx.owner.name,
@@ -259,7 +260,7 @@ def resume_rescale(ctx: JobContext) -> dict | None:
         if plan is None:
             return None
         jobs = RedisJobStore(r, plan.name)
-        if ReconfigureController(jobs, ctx.settings.ready_timeout_s).resume() is not None:
+        if ReconfigureController(jobs, ctx.settings.ready_timeout_s, fleet=ctx.fleet()).resume() is not None:
             plan = jobs.plan()
             _publish_plan(ctx, plan)
         record = _controller(r, plan, ctx.fleet()).resume()

@@ -55,7 +55,8 @@ class LiveView:
             rows.append({
                 "operator": name,
                 "chained_to": None if head == name else head,
-                "parallelism": f"{sample.instances}/{self.parallelism[head]}",
+                # A chain a reconfiguration adds or removes is in the plan a moment before or after it is here.
+                "parallelism": f"{sample.instances}/{self.parallelism.get(head, 0)}",
                 "in_per_s": max(0.0, (sample.records_in - before.records_in) / dt),
                 "out_per_s": max(0.0, (sample.records_out - before.records_out) / dt),
                 "lag": sample.lag,

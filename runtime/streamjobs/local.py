@@ -379,6 +379,17 @@ class LocalRuntime:
             self._demote(*key)
         self._stop(removed[max(0, room):])
 
+    def start_chain(self, op: str, parallelism: int) -> None:
+        self.parallelism[op] = parallelism
+        self.add_instances(op, parallelism)
+
+    def stop_chain(self, op: str) -> None:
+        self._stop(sorted(k for k in self.instances if k[0] == op))
+        self.parallelism.pop(op, None)
+        for spare in self.spares.pop(op, []):
+            spare.process.kill()
+            spare.process.wait()
+
     def _demote(self, op: str, index: int) -> None:
         """Instance `index` becomes a spare after its current batch, keeping its warm JVM (spares.py)."""
         process = self.instances.pop((op, index)).process
@@ -467,7 +478,7 @@ class LocalRuntime:
 
     def _reconfigurer(self) -> ReconfigureController:
         return ReconfigureController(self.jobs, self.ready_timeout_s,
-                                     sleep=lambda seconds: (self.supervise(), time.sleep(seconds)))
+                                     sleep=lambda seconds: (self.supervise(), time.sleep(seconds)), fleet=self)
 
     # --- stop ------------------------------------------------------------------
 

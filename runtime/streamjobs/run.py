@@ -151,6 +151,7 @@ def _run_live(runtime, view, console, duration_s, during, started, autoscaler) -
                         return False  # bounded sources have finished
                     if runtime.jobs.suspend_requested():
                         return False
+                    view.plan = runtime.plan  # a live reconfiguration adds and removes operators
                     rows = view.rows()
                 except redis.ConnectionError as exc:  # BusyLoadingError too: Redis replays its AOF
                     # The workers die and are restarted from their commits; the runtime waits it out.

@@ -54,8 +54,14 @@ def test_a_new_query_where_and_stages_switch_at_one_cut_through_sigkills_mid_ali
     doc["spec"]["stages"][1]["aggregations"] += [{"function": "max", "column": "event_time", "as": "last"},
                                                  {"function": "count", "as": "since"}]
     doc["spec"]["stages"][2]["aggregations"] += [{"function": "max", "column": "event_time", "as": "latest"}]
+    v2 = yaml.safe_dump(doc)
+    # v3: a sink on workers of its own comes (`retagged`), one goes (`tagged`)
+    doc["spec"]["sinks"] = [{"name": "retagged", "type": "redis_stream", "inputs": ["tag"]},
+                            *(s for s in doc["spec"]["sinks"] if s["name"] != "tagged")]
     removed = tmp_path / "v3.yaml"
     removed.write_text(yaml.safe_dump(doc))
+    doc = yaml.safe_load(v2)
+    tag = doc["spec"]["stages"][0]
     tag["inputs"] = ["mark"]
     doc["spec"]["stages"].insert(0, {"name": "mark", "type": "sql", "inputs": ["words"], "parallelism": 2,
                                      "query": "SELECT * FROM input WHERE word <> 'w2'"})
@@ -103,7 +109,8 @@ def test_a_new_query_where_and_stages_switch_at_one_cut_through_sigkills_mid_ali
             time.sleep(2)  # words flow through `mark`, and count holds rows of both versions
             kill("count", 0)
             time.sleep(2)
-            reconfigure_cli(removed)
+            # as the sources switch: retagged/0, new, and tagged/0, which comes back to pass the barriers on
+            reconfigure_cli(removed, lambda: (kill_once_published("retagged", 0), kill("tagged", 0)))
             time.sleep(8)  # words flow under the last version
         finally:
             runtime.request_stop()  # however long the changes took on a loaded machine
@@ -116,13 +123,16 @@ def test_a_new_query_where_and_stages_switch_at_one_cut_through_sigkills_mid_ali
 
     report = run(str(first), None, during=during)
     assert_exact(report)
-    assert list(killed) == ["tag/0", "count/1", "words/0", "tag/1", "recent/0", "count/0"] and report["restarts"] >= 6
+    assert list(killed) == ["tag/0", "count/1", "words/0", "tag/1", "recent/0", "count/0", "retagged/0",
+                            "tagged/0"] and report["restarts"] >= 8
     assert not any(killed["tag/0"].values()) and not any(killed["count/1"].values()), killed  # before they switched
     assert set(killed["tag/1"].values()) == {1}, killed  # before it switched to the version adding `mark`
     assert len(records) == 1 and records[0].version == 1, records
     assert [c.returncode for c in cli] == [2, 0, 0], cli
     assert "spec.stages[count].keyBy: refused" in cli[0].stdout
-    assert "spec.stages[mark]: live (added to a chain)" in cli[1].stdout
+    assert "spec.stages[mark]: live (added at the cut)" in cli[1].stdout
+    assert {"spec.sinks[retagged]: live (added at the cut)", "spec.sinks[tagged]: live (removed at the cut)"} <= set(
+        cli[2].stdout.splitlines())
     assert "spec.stages[count].aggregations: live (aggregations only added" in cli[1].stdout
     assert "spec.stages[recent].aggregations: live (aggregations only added" in cli[1].stdout
     assert set(killed["count/0"].values()) == {2}, killed  # with rows of windows open before the switch
@@ -136,6 +146,12 @@ def test_a_new_query_where_and_stages_switch_at_one_cut_through_sigkills_mid_ali
     tags = Counter(fields[b"tag"] for _, fields in redis.Redis.from_url(redis_server.url).xrange(
         JobKeys("reconfigured").output_stream("tagged")))
     assert tags[b"v0"] > 1000 and tags[b"v1"] > 1000, tags
+    store = RedisJobStore(redis.Redis.from_url(redis_server.url), "reconfigured")
+    assert store.plan().vertices.count("retagged") == 1 and "tagged" not in store.plan().vertices
+    assert set(killed["tagged/0"].values()) == {2}, killed
+    assert set(store.versions("tagged").values()) == {3}, "`tagged` passed the last version on, then stopped"
+    assert redis.Redis.from_url(redis_server.url).xlen(JobKeys("reconfigured").output_stream("retagged")) > 1000
+    assert not redis.Redis.from_url(redis_server.url).keys(JobKeys("reconfigured").kg_stream("tag", "tagged", "*"))
     counted = [fields for _, fields in redis.Redis.from_url(redis_server.url).xrange(
         JobKeys("reconfigured").output_stream("counts"))]
     spanning = [f for f in counted if b"since" in f and int(f[b"since"]) < int(f[b"n"])]

@@ -48,8 +48,6 @@ def test_a_new_query_a_where_and_batching_change_live():
     ("count__window", {"type": "tumbling", "sizeMs": 5000}, "state depends on it"),
     ("count__aggregations", [{"function": "sum", "column": "n", "as": "n"}], "state depends on it"),
     ("words__vocabulary", 10, "source's settings"),
-    ("count__inputs", ["words"], "graph"),
-    ("tag__chain", True, "graph"),
     ("state__backend", "rocksdb", "where the state lives"),
     ("spec__maxParallelism", 24, "re-split"),
 ])
@@ -126,18 +124,41 @@ def test_a_stage_or_sink_added_to_or_removed_from_a_chain_is_live():
         ("spec.stages[mark]", How.LIVE), ("spec.sinks[tagged].inputs", How.LIVE)}
 
 
-def test_an_operator_that_would_run_on_workers_of_its_own_or_hold_state_is_not_added_live():
+def test_operators_on_workers_of_their_own_come_and_go_live_but_a_stream_never_changes_writers():
     base = chained()
-    mark = {"name": "mark", "type": "sql", "inputs": ["words"], "parallelism": 2, "query": "SELECT * FROM input"}
-    for extra, words in (({"chain": False}, "workers it runs on"), ({"parallelism": 3}, "workers it runs on")):
-        new = chained(stages=lambda ops, extra=extra: [{**mark, **extra}, {**ops[0], "inputs": ["mark"]}, *ops[1:]])
-        (refused, *_) = diff(base, new).refused
-        assert refused.path == "spec.stages[mark]" and words in refused.reason, refused
+    # between two chains (tag -> count, keyed): on workers of its own, unchained or at another parallelism
+    mark = {"name": "mark", "type": "sql", "inputs": ["tag"], "parallelism": 2, "query": "SELECT * FROM input"}
+    for extra in ({"chain": False}, {"parallelism": 3}):
+        new = chained(stages=lambda ops, extra=extra: [ops[0], {**mark, **extra}, {**ops[1], "inputs": ["mark"]}])
+        assert "mark" in JobPlan(new, 0).vertices
+        assert not diff(base, new).refused, diff(base, new).lines()
+    # inside the chain words -> tag, on workers of its own: tag's stream to count would change writers
+    inside = chained(stages=lambda ops: [{**mark, "inputs": ["words"], "chain": False}, {**ops[0], "inputs": ["mark"]},
+                                         ops[1]])
+    assert {c.path for c in diff(base, inside).refused} == {"spec.stages[tag]"}
     window = {"name": "w", "type": "window_aggregate", "inputs": ["tag"], "keyBy": "word", "parallelism": 2,
               "window": {"type": "tumbling", "sizeMs": 1000}, "aggregations": [{"function": "count", "as": "n"}]}
     sink = {"name": "windows", "type": "console", "inputs": ["w"], "parallelism": 2}
-    refused = diff(base, chained(stages=lambda ops: [*ops, window], sinks=lambda ops: [*ops, sink])).refused
-    assert "adding a window_aggregate stage is not live yet" in refused[0].reason, refused
+    with_window = chained(stages=lambda ops: [*ops, window], sinks=lambda ops: [*ops, sink])
+    changes = diff(base, with_window)
+    assert not changes.refused and "its state starts empty at the cut" in next(
+        c.reason for c in changes.changes if c.path == "spec.stages[w]")
+    (refused,) = diff(with_window, base).refused
+    assert refused.path == "spec.stages[w]" and "drop the state it holds" in refused.reason
+    # tag leaves the sources' chain: its stream to the sink would be written by tag's workers after the cut
+    # and by the sources' before it
+    refused = diff(base, edited(base, tag__chain=False)).refused
+    assert {(c.path, c.operator) for c in refused} == {("spec.stages[tag]", "tag")}
+    assert all("a chain splits or joins another" in c.reason for c in refused)
+    assert {c.path for c in diff(edited(base, tag__chain=False), base).refused} == {"spec.stages[tag]"}
+
+
+def test_a_join_keeps_its_inputs_unless_its_state_is_reset():
+    base = load_job(JOBS / "q8-join.yaml")
+    swapped = edited(base, **{"new-users__inputs": ["sellers", "persons"]})
+    (refused,) = diff(base, swapped).refused
+    assert refused.path == "spec.stages[new-users].inputs" and "kept per side" in refused.reason
+    assert not diff(base, swapped, reset=("new-users",)).refused
 
 
 def test_an_added_stage_runs_at_its_chains_running_parallelism():
@@ -155,15 +176,15 @@ def test_an_added_stage_runs_at_its_chains_running_parallelism():
     assert {c.operator for c in changes.rescales} == {"words", "tag"}
 
 
-def test_parallelism_is_a_rescale_and_adding_an_operator_is_refused():
+def test_parallelism_is_a_rescale_and_a_sink_added_beside_others_is_live():
     base = job()
     changes = diff(base, edited(base, count__parallelism=3))
     assert [(c.path, c.how, c.operator) for c in changes.changes] == [
         ("spec.stages[count].parallelism", How.RESCALE, "count")]
     data = base.model_dump(mode="json", by_alias=True)
     data["spec"]["sinks"].append({"name": "more", "type": "console", "inputs": ["tag"]})
-    refused = diff(base, type(base).model_validate(data)).refused
-    assert [c.path for c in refused] == ["spec.sinks[more]"] and "adding" in refused[0].reason
+    (added,) = diff(base, type(base).model_validate(data)).changes
+    assert (added.path, added.how, added.reason) == ("spec.sinks[more]", How.LIVE, "added at the cut")
 
 
 def test_a_reset_state_lets_what_the_state_depends_on_change_live():

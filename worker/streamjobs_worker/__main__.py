@@ -11,12 +11,13 @@ import threading
 
 from streamjobs_core.connect import connect
 from streamjobs_core.jobstore import RedisJobStore
+from streamjobs_core.reconfigure import plan_for
 from streamjobs_core.spares import await_promotion
 
 from .parent import die_with_parent
 from .rehearsal import SPARE_REHEARSALS, warm_up
 from .standby import await_epoch
-from .worker import Worker
+from .worker import Retired, Worker
 
 
 def _signals() -> tuple[threading.Event, threading.Event]:
@@ -54,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
 
     r = connect(args.redis_url)
     jobs = RedisJobStore(r, args.job)
-    plan = jobs.plan()
+    plan = plan_for(jobs, args.operator)
     log = logging.getLogger(__name__)
     spare, instance, epoch, warm = args.spare, args.instance, args.await_epoch, False
     while True:
@@ -76,8 +77,13 @@ def main(argv: list[str] | None = None) -> int:
             if not proceed:
                 return 0
             warm = True
-        worker = Worker(r, plan, args.operator, instance, args.metrics_host, args.metrics_port,
-                        args.advertise_host, prestaged, warm)
+        try:
+            worker = Worker(r, plan, args.operator, instance, args.metrics_host, args.metrics_port,
+                            args.advertise_host, prestaged, warm)
+        except Retired as exc:  # restarted after its chain was removed: the runtime stops it
+            log.info("%s", exc)
+            stop.wait()
+            return 0
         worker.run(stop)
         if not demoted.is_set():
             return 0

@@ -197,22 +197,29 @@ class StreamInput:
         self._plan = plan
 
     def _rewire(self, plan: JobPlan, txn: Transaction) -> None:
-        """A producing chain whose tail changed (a member added or removed live) writes from its switch on
-        into the new tail's streams. Every producer passed its barrier, after which it writes only those:
-        the old streams end here and go in this commit, and the new ones are read from their start, with the
-        watermarks the old ones had."""
-        new_edges = {plan.head(e.upstream): e for e in plan.edges_in(self._op)}
-        gone = []
-        for name, s in list(self._streams.items()):
-            edge = new_edges[self._plan.head(s.edge.upstream)]
-            if edge.upstream == s.edge.upstream:
-                s.edge = edge
-                continue
-            key = plan.keys.kg_stream(edge.upstream, self._op, s.kg)
-            self._streams[key] = _Stream(key, edge, s.kg, b"0-0", s.upstream_watermarks, s.passed, changed=True)
-            self._count_read(s, txn)
-            del self._streams[name]
-            gone.append(name)
+        """The instance's producers changed live (a member added to or removed from a producing chain's end,
+        a chain added or removed upstream). Every producer of the old streams passed its barrier, after
+        which it writes only to its streams under `plan`: the old streams end here and go in this commit,
+        and the new ones are read from their start. A chain that goes on writing under another tail keeps
+        its watermarks; a new producer starts from none, which a stage never steps back from."""
+        owned = sorted({s.kg for s in self._streams.values()})
+        by_producer = {(self._plan.head(s.edge.upstream), s.kg): s for s in self._streams.values()}
+        wanted = set()
+        for edge in plan.edges_in(self._op):
+            head, width = plan.head(edge.upstream), plan.key_groups(edge.upstream)
+            for kg in owned:
+                key = plan.keys.kg_stream(edge.upstream, self._op, kg)
+                wanted.add(key)
+                if key in self._streams:
+                    self._streams[key].edge = edge
+                    continue
+                old = by_producer.get((head, kg))
+                marks = np.full(width, MIN_WATERMARK, dtype=np.int64) if old is None else old.upstream_watermarks
+                passed = np.full(width, plan.version, dtype=np.int64) if old is None else old.passed
+                self._streams[key] = _Stream(key, edge, kg, b"0-0", marks, passed, changed=True)
+        gone = [name for name in self._streams if name not in wanted]
+        for name in gone:
+            self._count_read(self._streams.pop(name), txn)
         self._jobs.forget_streams(txn, self._op, gone)
 
     def _load(self, names: list[str]) -> None:

@@ -56,6 +56,10 @@ class NotAChainHead(ValueError):
     """A chained operator has no workers of its own: its chain's head runs it."""
 
 
+class Retired(RuntimeError):
+    """The key groups of this chain switched to a plan version that removed it: it has nothing left to do."""
+
+
 class Worker:
     def __init__(
         self, r: redis.Redis, plan: JobPlan, op: str, instance: int, metrics_host: str = "127.0.0.1",
@@ -75,6 +79,8 @@ class Worker:
         # Mid-reconfiguration, the key groups may not have switched to the latest plan yet; its chain may
         # have other members then.
         self.plan = plan = plan_in_force(jobs, plan, op, self.ownership.owned)
+        if op not in plan.vertices:
+            raise Retired(f"{op}/{instance}: its key groups switched to plan version {plan.version}, which removed it")
         chain = plan.chain(op)
         self.spec = plan.spec.operator(op)
         self.incarnation = jobs.new_incarnation(op, instance)
@@ -111,6 +117,7 @@ class Worker:
         self._last_backpressure_check = 0.0
         self._edge_lag = 0  # the largest produced - consumed over the output edges, last read
         self._written_since_check = 0
+        self.retired = False  # switched to a plan version without this chain: waits to be stopped
 
     # --- lifecycle -----------------------------------------------------------
 
@@ -139,6 +146,9 @@ class Worker:
 
     def step(self) -> None:
         """Read what arrived; when the batch read so far is due, process, route and commit it."""
+        if self.retired:
+            time.sleep(_BACKPRESSURE_PAUSE_S)
+            return
         if self._backpressured():
             time.sleep(_BACKPRESSURE_PAUSE_S)
             self.metrics.backpressured_seconds.inc(_BACKPRESSURE_PAUSE_S)
@@ -218,6 +228,8 @@ class Worker:
         if self.router is not None:
             self.router.barrier(version, txn)
         plan = self.jobs.plan_version(version)
+        if self.op not in plan.vertices:
+            return self._retire(version, held_ms, txn)
         self.plan, self.spec = plan, plan.spec.operator(self.op)
         for op, (watermarks, dropped) in self.chain.switch(plan).items():
             self.jobs.record_reset(txn, op, version, watermarks)
@@ -235,6 +247,18 @@ class Worker:
         if plan.control is not None and plan.control.operator in self.chain.chain.operators:
             self._answer(plan, txn)
         self.input.switch(plan, txn)
+        return held_ms
+
+    def _retire(self, version: int, held_ms: float, txn: Transaction) -> float:
+        """The chain is gone from plan `version`: its barriers went downstream, and its producers write to
+        the streams of what replaced it from their own; its key groups record the switch, and it waits."""
+        self.jobs.record_versions(txn, self.op, self.owned, version)
+        if self.is_source:
+            self.jobs.record_cut(txn, self.op, version, self.input.offsets())
+        self.jobs.record_aligned(txn, self.op, self.instance, version, held_ms)
+        self.retired = True
+        txn.after_commit.append(lambda: log.info("%s/%d passed plan version %d on, which removed it: waiting to be "
+                                                 "stopped", self.op, self.instance, version))
         return held_ms
 
     def _holds_back(self, version: int) -> bool:
