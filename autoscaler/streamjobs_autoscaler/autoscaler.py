@@ -49,6 +49,21 @@ class Autoscaler:
         self._to_judge: dict[str, dict] = {}  # scale-ups whose achieved capacity is checked next time
         self._last_holds: tuple = ()
 
+    def follow(self, topology: Topology) -> None:
+        """The job's graph as it runs now: a live reconfiguration adds and removes chains. A changed one
+        starts the metrics window afresh after stabilization, as any disruption does, and forgets what it
+        remembered of the chains gone."""
+        if topology == self.topology:
+            return
+        self.topology = topology
+        self._window.clear()
+        self._last = None
+        self._stable_after = self.clock() + self.settings.stabilization_s
+        names = {info.name for info in topology.operators}
+        for remembered in (self._down_asked, self._blocked_up, self._up_streak, self._to_judge):
+            for name in [n for n in remembered if n not in names]:
+                del remembered[name]
+
     def tick(self) -> Decision | None:
         """Collect, and when a full window after stabilization is there, decide and execute."""
         now = self.clock()

@@ -114,12 +114,15 @@ class JobStore(Protocol):
     def prepare_plan(self, plan: JobPlan, heads: tuple[str, ...]) -> None:
         """`plan`, the next version, readable before it is published, with the first assignment of the chains
         `heads` it adds, their key groups at its version: their workers start on it before anything switches."""
+    def withdraw_plan(self, plan: JobPlan, heads: tuple[str, ...]) -> None:
+        """A prepared `plan` that will not be published (its chains' workers did not start): it and what was
+        written for `heads`."""
     def publish_plan(self, plan: JobPlan, state: ReconfigureState) -> None:
         """`plan` becomes the latest version (the one before kept under its version) and `state` the
         reconfiguration in progress, at once."""
     def plan_version(self, version: int) -> JobPlan | None: ...
     def plans(self) -> list[JobPlan]:
-        """Every version of the plan, oldest first."""
+        """Every version of the plan published, oldest first."""
     def record_versions(self, commit: Commit, op: str, kgs: Iterable[int], version: int) -> None:
         """These key groups (source partitions) of `op` switched to `version` in this commit."""
     def versions(self, op: str) -> dict[int, int]:
@@ -404,6 +407,10 @@ class RedisJobStore:
             pipe.hset(self.keys.versions(op), mapping={kg: plan.version for kg in range(plan.key_groups(op))})
         pipe.execute()
 
+    def withdraw_plan(self, plan: JobPlan, heads: tuple[str, ...]) -> None:
+        self.r.hdel(self.keys.plans, str(plan.version))
+        self.r.delete(*(key for op in heads for key in (self.keys.assignment(op), self.keys.versions(op))))
+
     def publish_plan(self, plan: JobPlan, state: ReconfigureState) -> None:
         before = self.r.get(self.keys.plan)
         pipe = self.r.pipeline(transaction=True)
@@ -422,9 +429,11 @@ class RedisJobStore:
         return JobPlan.from_json(raw) if raw is not None else None
 
     def plans(self) -> list[JobPlan]:
-        earlier = [JobPlan.from_json(raw) for raw in self.r.hvals(self.keys.plans)]
         latest = self.plan()
-        return sorted(earlier, key=lambda p: p.version) + ([latest] if latest is not None else [])
+        if latest is None:
+            return []
+        earlier = [p for p in map(JobPlan.from_json, self.r.hvals(self.keys.plans)) if p.version < latest.version]
+        return sorted(earlier, key=lambda p: p.version) + [latest]
 
     def record_versions(self, commit: Commit, op: str, kgs: Iterable[int], version: int) -> None:
         mapping = {kg: version for kg in kgs}
@@ -783,11 +792,19 @@ class MemoryJobStore:
         self._plans.pop(plan.version, None)
         self._plan, self._reconfiguring = plan, state
 
+    def withdraw_plan(self, plan: JobPlan, heads: tuple[str, ...]) -> None:
+        self._plans.pop(plan.version, None)
+        for op in heads:
+            self._assignments.pop(op, None)
+            self._versions.pop(op, None)
+
     def plan_version(self, version: int) -> JobPlan | None:
         return self._plan if self._plan is not None and self._plan.version == version else self._plans.get(version)
 
     def plans(self) -> list[JobPlan]:
-        return [self._plans[v] for v in sorted(self._plans)] + ([self._plan] if self._plan is not None else [])
+        if self._plan is None:
+            return []
+        return [self._plans[v] for v in sorted(self._plans) if v < self._plan.version] + [self._plan]
 
     def record_versions(self, commit: Commit | None, op: str, kgs: Iterable[int], version: int) -> None:
         self._versions.setdefault(op, {}).update({kg: version for kg in kgs})

@@ -161,8 +161,12 @@ def _added_or_removed(group: str, op: dict, added: bool) -> Change:
     """An operator comes or goes at the cut, in a chain or on workers of its own (the controller starts and
     stops those). A stateful stage added starts empty; one removed would drop windows and rows still open."""
     path, name = f"spec.{group}[{op['name']}]", op["name"]
+    if group == "sources" and added and op["type"] != "redis_stream":
+        return Change(path, How.REFUSED, f"a {op['type']} generator's event time runs from the job's start: added "
+                      "live it would emit everything since then at once, all of it late; a redis_stream source can "
+                      "be added (its input read from its start), or start a new job", name)
     if group == "sources":
-        return Change(path, How.LIVE, "read from its start, under the new plan" if added
+        return Change(path, How.LIVE, "its input read from its start, under the new plan" if added
                       else "its input is no longer read from the cut on", name)
     if op["type"] in _STATE_FIELDS:
         if added:
@@ -349,8 +353,14 @@ class ReconfigureController:
             self._store.publish_plan(new, state)
             restart.start_job({**parallelism, **added})
         else:
-            for op, parallelism in added.items():
-                fleet.start_chain(op, parallelism)
+            try:
+                for op, parallelism in added.items():
+                    fleet.start_chain(op, parallelism)
+            except BaseException:  # nothing switched: the job goes on as it was, without the new chains
+                for op in added:
+                    fleet.stop_chain(op)
+                self._store.withdraw_plan(new, tuple(added))
+                raise
             self._store.publish_plan(new, state)
         return changes, self._await(state, fleet)
 

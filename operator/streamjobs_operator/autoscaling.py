@@ -13,7 +13,6 @@ import time
 from collections.abc import Callable
 
 from streamjobs_core.jobstore import RedisJobStore
-from streamjobs_core.plan import JobPlan
 from streamjobs_core.spec import StreamJob
 
 from .kube import Kube
@@ -32,23 +31,24 @@ def parallelism_patch(job: StreamJob, op: str, parallelism: int) -> list[dict]:
 
 
 class SpecScaler:
-    """Scaler: parallelism in force from the assignments; a rescale edits the spec and waits for its record."""
+    """Scaler: parallelism in force from the assignments; a rescale edits the spec and waits for its record. The
+    operators are those of the plan in force, which live reconfigurations change."""
 
-    def __init__(self, kube: Kube, owner: Owner, job: StreamJob, r, timeout_s: float = 600.0,
+    def __init__(self, kube: Kube, owner: Owner, r, timeout_s: float = 600.0,
                  sleep: Callable[[float], None] = time.sleep) -> None:
-        self.kube, self.owner, self.job, self.r = kube, owner, job, r
+        self.kube, self.owner, self.r = kube, owner, r
         self.jobs = RedisJobStore(r, owner.name)
         self.timeout_s = timeout_s
         self.sleep = sleep
 
     def parallelism(self) -> dict[str, int]:
-        plan = JobPlan(self.job, 0)
-        return {op: self.jobs.assignment(op).parallelism for op in plan.vertices}
+        return {op: self.jobs.assignment(op).parallelism for op in self.jobs.plan().vertices}
 
     def rescale(self, op: str, parallelism: int) -> None:
         seen = len(self.jobs.rescale_history())
+        # The plan's spec lists the operators in the resource's order (the test op guards a stale index).
         self.kube.patch_json("streamjobs", self.owner.namespace, self.owner.name,
-                             parallelism_patch(self.job, op, parallelism))
+                             parallelism_patch(self.jobs.plan().job, op, parallelism))
         deadline = time.monotonic() + self.timeout_s
         while True:
             if any(record.operator == op and record.to_parallelism == parallelism

@@ -105,8 +105,9 @@ def deploy(ctx: JobContext, body: Any) -> str:
         plan = store.read_plan(r, owner.name)
         kube.ensure("configmaps", resources.configmap(owner, plan.to_json()))
         assigned = store.assignments(r, plan)
-        # Sources are the heads of their chains: only chain heads have workers (chaining.py).
-        sources = [head for head in plan.vertices if job.spec.operator(head) in job.spec.sources]
+        # Sources are the heads of their chains: only chain heads have workers (chaining.py). The plan's, not the
+        # edit's: an edit that adds or removes operators is applied after this (reconfigure.py).
+        sources = [head for head in plan.vertices if plan.spec.operator(head) in plan.spec.sources]
         fleet = ctx.fleet()
         for op in plan.vertices:
             kube.ensure("services", resources.service(owner, op))
@@ -347,7 +348,12 @@ def refresh_status(ctx: JobContext, last_flow: tuple[float, int] | None = None) 
     if reading is not None:
         ctx.status.flow(status.input_rate(last_flow, reading), lag)
     spec = ctx.job.spec
-    heads = {op.name: plan.head(op.name) if plan is not None else op.name for op in spec.operators}
+    names = {op.name for op in spec.operators}
+    # While an edit that adds or removes operators is applied, the plan in force and the spec differ: the
+    # operators of both, each with its chain's head where the spec has that head too.
+    running = names if plan is None else {op.name for op in plan.spec.operators}
+    shared = [op.name for op in spec.operators if op.name in running]
+    heads = {name: plan.head(name) if plan is not None and plan.head(name) in names else name for name in shared}
     desired = {name: spec.operator(head).parallelism for name, head in heads.items()}
     ready = {name: ready.get(head, 0) for name, head in heads.items()}  # a chained operator runs in its head's pods
     operators = status.operators_status(desired, assigned, ready)

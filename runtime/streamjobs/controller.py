@@ -40,6 +40,7 @@ def autoscale(body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped, **_
             if (body.get("status") or {}).get("phase") == status.RUNNING and not body["spec"].get("suspend"):
                 autoscaler = autoscaler or _autoscaler(ctx, r, body)
                 if autoscaler is not None:
+                    autoscaler.follow(Topology.of(RedisJobStore(r, ctx.owner.name).plan()))
                     autoscaler.tick()
             stopped.wait(_TICK_S)
 
@@ -55,6 +56,6 @@ def _autoscaler(ctx: JobContext, r, body: kopf.Body) -> Autoscaler | None:
     else:
         collector = EndpointCollector(jobs)
     return Autoscaler(
-        Topology.of(plan), settings, collector, SpecScaler(ctx.kube, ctx.owner, ctx.job, r),
+        Topology.of(plan), settings, collector, SpecScaler(ctx.kube, ctx.owner, r),
         StatusDecisionLog(ctx.kube, ctx.owner, settings.history_size), KopfEvents(body),
     )

@@ -53,13 +53,13 @@ def source_input(r: redis.Redis, plan: JobPlan, op: str):
     return generators.generate(spec, plan.t0_ms, indices)
 
 
-def external_input(r: redis.Redis, plan: JobPlan, op: str, cuts: list[dict] | None = None) -> pa.Table:
+def external_input(r: redis.Redis, plan: JobPlan, op: str, cuts: list[dict] | None = None, first: int = 0) -> pa.Table:
     """The records a redis_stream source committed: each partition's entries up to its committed cursor,
     decoded as the source decodes them (so the records it dead-lettered drop out the same way), less the
     records it shed. Unverifiable when the source's retention trimmed entries that the run consumed.
 
-    With `cuts` (per plan version from 1 on, the entry id each partition switched at), each record also says
-    the plan version in force at its entry (`_v`)."""
+    With `cuts` (per plan version from `first` + 1 on, the entry id each partition switched at), each record
+    also says the plan version in force at its entry (`_v`): `first`, the version the source came in with."""
     spec = plan.spec.operator(op)
     keys = plan.keys
     committed = RedisJobStore(r, plan.name).partitions(op, range(spec.partitions))
@@ -85,7 +85,8 @@ def external_input(r: redis.Redis, plan: JobPlan, op: str, cuts: list[dict] | No
             continue
         table = decoded.table
         if cuts is not None:
-            table = table.append_column("_v", pa.array(_versions_of([ids[i] for i in decoded.entry], p, op, cuts)))
+            versions = _versions_of([ids[i] for i in decoded.entry], p, op, cuts, first)
+            table = table.append_column("_v", pa.array(versions))
         if shed:
             rows = range(table.num_rows)
             names = [external.record_id(ids[decoded.entry[i]], None if decoded.row is None else int(decoded.row[i]))
@@ -100,14 +101,15 @@ def external_input(r: redis.Redis, plan: JobPlan, op: str, cuts: list[dict] | No
     return pa.concat_tables(tables, promote_options="default")  # schemaless streams may differ in fields
 
 
-def _versions_of(ids: list[bytes], partition: int, op: str, cuts: list[dict]) -> list[int]:
-    """Per entry id: how many of the cuts (entry ids a partition switched at, by version) it comes after."""
+def _versions_of(ids: list[bytes], partition: int, op: str, cuts: list[dict], first: int = 0) -> list[int]:
+    """Per entry id: `first` and how many of the cuts (entry ids a partition switched at, by version from
+    `first` + 1 on) it comes after."""
     bounds = []
-    for version, cut in enumerate(cuts, start=1):
+    for version, cut in enumerate(cuts, start=first + 1):
         if (op, partition) not in cut:
             raise Unverifiable(f"{op}: partition {partition} never switched to plan version {version}")
         bounds.append(_id_key(cut[(op, partition)]))
-    return [sum(_id_key(i) > bound for bound in bounds) for i in ids]
+    return [first + sum(_id_key(i) > bound for bound in bounds) for i in ids]
 
 
 def _id_key(entry_id: bytes | str) -> tuple[int, int]:
@@ -263,7 +265,7 @@ def _reconfigured_outputs(spark: SparkSession, r: redis.Redis, plans: list[JobPl
         # None where a version has no such operator (a member added to or removed from a chain live)
         specs = [_operator_or_none(p, name) for p in plans]
         op = next(spec for spec in reversed(specs) if spec is not None)
-        if op in latest.spec.sources:
+        if any(spec is not None and spec in p.spec.sources for p, spec in zip(plans, specs)):
             frames[name] = spark.createDataFrame(_versioned_source(r, plans, name, cuts)).withColumn(
                 "_ingest_ms", F.lit(0))
             versioned[name] = True
@@ -417,28 +419,33 @@ def _where_per_version(frame: DataFrame, specs: list, versioned: bool) -> DataFr
 
 
 def _versioned_source(r: redis.Redis, plans: list[JobPlan], op: str, cuts: dict[int, dict]) -> pa.Table:
-    """A source's committed records, each with the plan version in force at its offset."""
-    plan = plans[-1]
+    """A source's committed records, each with the plan version in force at its offset. A source added live
+    starts under the version that added it; one removed switched to the version that removed it at its last
+    offset, after which it read nothing."""
+    present = [i for i, p in enumerate(plans) if _operator_or_none(p, op) is not None]
+    first, last = present[0], present[-1]
+    switches = range(first + 1, min(last + 1, len(plans) - 1) + 1)  # the versions it switched to
+    plan = plans[last]
     spec = plan.spec.operator(op)
     if spec.type == "redis_stream":
-        return external_input(r, plan, op, [cuts[v] for v in range(1, len(plans))])
+        return external_input(r, plan, op, [cuts[v] for v in switches], first)
     count = plan.key_groups(op)
     committed = RedisJobStore(r, plan.name).partitions(op, range(count))
     shed = shed_indices(r, plan, op) if spec.load_shedding is not None else None
     bounds = {}  # per partition: the offsets where each version starts, and the end of its committed input
     for p, (progress, _) in committed.items():
-        missing = [v for v in range(1, len(plans)) if (op, p) not in cuts[v]]
+        missing = [v for v in switches if (op, p) not in cuts[v]]
         if missing:
             raise Unverifiable(f"{op}: partition {p} never switched to plan version {missing[0]}")
-        bounds[p] = [0, *(int(cuts[v][(op, p)]) for v in range(1, len(plans))), int(progress.cursor) if progress else 0]
+        bounds[p] = [0, *(int(cuts[v][(op, p)]) for v in switches), int(progress.cursor) if progress else 0]
     tables = []
-    for version in range(len(plans)):
-        parts = [generators.global_indices(p, count, edges[version], edges[version + 1]) for p, edges in bounds.items()]
+    for i in range(len(switches) + 1):
+        parts = [generators.global_indices(p, count, edges[i], edges[i + 1]) for p, edges in bounds.items()]
         indices = np.sort(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
         if shed is not None:
             indices = np.setdiff1d(indices, shed, assume_unique=True)
         table = generators.generate(spec, plan.t0_ms, indices)
-        tables.append(table.append_column("_v", pa.array(np.full(table.num_rows, version, dtype=np.int32))))
+        tables.append(table.append_column("_v", pa.array(np.full(table.num_rows, first + i, dtype=np.int32))))
     return pa.concat_tables(tables)
 
 

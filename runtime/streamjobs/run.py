@@ -14,7 +14,9 @@ from pathlib import Path
 import redis
 from rich.console import Console
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
+from streamjobs_autoscaler.topology import Topology
 from streamjobs_core.control import ControlRecord, ReconfigureRecord
 from streamjobs_core.savepoint import Savepoint
 from streamjobs_core.spec import StreamJob
@@ -176,28 +178,30 @@ def _tick(runtime, console, autoscaler) -> bool:
     for what in runtime.supervise():
         console.print(f"restarted {what}")
     _resume_rescale(runtime, console)
+    # escape: a change names its operator in brackets (spec.stages[tag]), which rich would take for a style
     try:
         for record in runtime.handle_requests():
             if isinstance(record, ReconfigureRecord):
                 if record.refused or record.version is None:
-                    console.print(f"reconfiguration refused: {record.refused}" if record.refused else
-                                  f"reconfigured: {'; '.join(record.changes)}")
+                    said = (f"reconfiguration refused: {record.refused}" if record.refused else
+                            f"reconfigured: {'; '.join(record.changes)}")
                 else:
-                    console.print(f"reconfigured live to plan version {record.version} in {record.duration_s:.1f} s "
-                                  f"(input held back {record.pause_ms:.0f} ms at most): {'; '.join(record.changes)}")
-                continue
-            if isinstance(record, ControlRecord):
+                    said = (f"reconfigured live to plan version {record.version} in {record.duration_s:.1f} s "
+                            f"(input held back {record.pause_ms:.0f} ms at most): {'; '.join(record.changes)}")
+            elif isinstance(record, ControlRecord):
                 event = record.event
-                console.print(f"control event {event.name} -> {event.operator}: " + (
+                said = f"control event {event.name} -> {event.operator}: " + (
                     f"refused: {record.refused}" if record.refused else
-                    f"{len(record.replies)} replies at plan version {record.version}"))
-                continue
-            console.print(f"rescaled {record.operator} {record.from_parallelism} -> {record.to_parallelism} "
-                          f"({record.strategy}): pause {record.pause_ms:.0f} ms")
+                    f"{len(record.replies)} replies at plan version {record.version}")
+            else:
+                said = (f"rescaled {record.operator} {record.from_parallelism} -> {record.to_parallelism} "
+                        f"({record.strategy}): pause {record.pause_ms:.0f} ms")
+            console.print(escape(said))
     except redis.ConnectionError:
         raise
     except Exception as exc:  # noqa: BLE001 - what it left in Redis is resumed or rolled back next tick
-        console.print(f"rescale or reconfiguration failed: {exc}")
+        console.print(escape(f"rescale or reconfiguration failed: {exc}"))
+    autoscaler.follow(Topology.of(runtime.plan))
     autoscaler.tick()
     return runtime.drained()
 

@@ -55,9 +55,11 @@ def test_a_new_query_where_and_stages_switch_at_one_cut_through_sigkills_mid_ali
                                                  {"function": "count", "as": "since"}]
     doc["spec"]["stages"][2]["aggregations"] += [{"function": "max", "column": "event_time", "as": "latest"}]
     v2 = yaml.safe_dump(doc)
-    # v3: a sink on workers of its own comes (`retagged`), one goes (`tagged`)
+    # v3: a sink on workers of its own comes (`retagged`), one goes (`tagged`); a source comes, with its sink
     doc["spec"]["sinks"] = [{"name": "retagged", "type": "redis_stream", "inputs": ["tag"]},
+                            {"name": "extras", "type": "redis_stream", "inputs": ["extra"]},
                             *(s for s in doc["spec"]["sinks"] if s["name"] != "tagged")]
+    doc["spec"]["sources"].append({"name": "extra", "type": "redis_stream", "partitions": 2})
     removed = tmp_path / "v3.yaml"
     removed.write_text(yaml.safe_dump(doc))
     doc = yaml.safe_load(v2)
@@ -77,6 +79,12 @@ def test_a_new_query_where_and_stages_switch_at_one_cut_through_sigkills_mid_ali
             during()
             out, err = asked.communicate(timeout=180)
         cli.append(subprocess.CompletedProcess(asked.args, asked.returncode, out, err))
+
+    def produce(n: int, start: int) -> None:  # into the input of the source v3 adds, before and after it
+        pipe = redis.Redis.from_url(redis_server.url).pipeline()
+        for i in range(start, start + n):
+            pipe.xadd(JobKeys("reconfigured").input_stream("extra", i % 2), {"n": i})
+        pipe.execute()
 
     def change(runtime) -> None:
         def kill(op: str, index: int) -> None:
@@ -110,7 +118,9 @@ def test_a_new_query_where_and_stages_switch_at_one_cut_through_sigkills_mid_ali
             kill("count", 0)
             time.sleep(2)
             # as the sources switch: retagged/0, new, and tagged/0, which comes back to pass the barriers on
+            produce(300, 0)
             reconfigure_cli(removed, lambda: (kill_once_published("retagged", 0), kill("tagged", 0)))
+            produce(300, 300)
             time.sleep(8)  # words flow under the last version
         finally:
             runtime.request_stop()  # however long the changes took on a loaded machine
@@ -131,7 +141,8 @@ def test_a_new_query_where_and_stages_switch_at_one_cut_through_sigkills_mid_ali
     assert [c.returncode for c in cli] == [2, 0, 0], cli
     assert "spec.stages[count].keyBy: refused" in cli[0].stdout
     assert "spec.stages[mark]: live (added at the cut)" in cli[1].stdout
-    assert {"spec.sinks[retagged]: live (added at the cut)", "spec.sinks[tagged]: live (removed at the cut)"} <= set(
+    assert {"spec.sinks[retagged]: live (added at the cut)", "spec.sinks[tagged]: live (removed at the cut)",
+            "spec.sources[extra]: live (its input read from its start, under the new plan)"} <= set(
         cli[2].stdout.splitlines())
     assert "spec.stages[count].aggregations: live (aggregations only added" in cli[1].stdout
     assert "spec.stages[recent].aggregations: live (aggregations only added" in cli[1].stdout
@@ -151,6 +162,8 @@ def test_a_new_query_where_and_stages_switch_at_one_cut_through_sigkills_mid_ali
     assert set(killed["tagged/0"].values()) == {2}, killed
     assert set(store.versions("tagged").values()) == {3}, "`tagged` passed the last version on, then stopped"
     assert redis.Redis.from_url(redis_server.url).xlen(JobKeys("reconfigured").output_stream("retagged")) > 1000
+    extras = redis.Redis.from_url(redis_server.url).xrange(JobKeys("reconfigured").output_stream("extras"))
+    assert sorted(int(fields[b"n"]) for _, fields in extras) == list(range(600)), "the added source read from its start"
     assert not redis.Redis.from_url(redis_server.url).keys(JobKeys("reconfigured").kg_stream("tag", "tagged", "*"))
     counted = [fields for _, fields in redis.Redis.from_url(redis_server.url).xrange(
         JobKeys("reconfigured").output_stream("counts"))]

@@ -10,7 +10,7 @@ import yaml
 from streamjobs import oracle
 from streamjobs_core.jobstore import RedisJobStore
 
-from .conftest import events, eventually, run_kubectl
+from .conftest import NAMESPACE, events, eventually, run_kubectl
 from .jobs import get, tagged_words
 
 
@@ -37,6 +37,23 @@ def test_a_query_edited_by_kubectl_apply_changes_live_with_events_and_exact_outp
 
     before = redis_client.xlen(out)
     eventually(lambda: redis_client.xlen(out) > before + 300, 60, "copies after the edit")
+
+    # A sink on workers of its own comes (its StatefulSet and Service created before the sources switch), then goes.
+    more = tagged_words("retagged", tag="v1")
+    more["spec"]["sinks"].append({"name": "more", "type": "redis_stream", "inputs": ["tag"], "chain": False})
+    extra = jobs.keys.output_stream("more")
+    for version, doc in ((2, more), (3, tagged_words("retagged", tag="v1"))):
+        edited.write_text(yaml.safe_dump(doc))
+        run_kubectl(emulator, "apply", "--validate=false", "-f", str(edited))
+        eventually(lambda version=version: [e for e in events(emulator, "retagged") if e["reason"] == "Reconfigured"
+                                            and json.loads(e["message"])["version"] == version], 120,
+                   f"version {version}")
+        if version == 2:
+            assert "retagged-more-e1-0" in kubelet.started and kube.get("services", NAMESPACE, "retagged-more")
+            eventually(lambda: redis_client.xlen(extra) > 300, 60, "the added sink's output")
+    assert not [p for p in kubelet.pods if p.startswith("retagged-more")] and not kube.get(
+        "services", NAMESPACE, "retagged-more")
+    assert set(jobs.versions("more").values()) == {3} and redis_client.xlen(extra) > 300
     jobs.request_stop()
     eventually(lambda: redis_client.scard(jobs.keys.done("copies")) >= 1, 90, "the sink drained")
     verdict = oracle.verify(spark, redis_client, jobs.plan())

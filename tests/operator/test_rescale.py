@@ -13,7 +13,6 @@ from streamjobs import oracle
 from streamjobs_core.jobstore import RedisJobStore
 from streamjobs_core.layout import JobKeys
 from streamjobs_operator.autoscaling import SpecScaler, StatusDecisionLog
-from streamjobs_operator.reconcile import job_of
 from streamjobs_operator.resources import LABEL_JOB, Owner
 
 from .conftest import NAMESPACE, assert_exact_after_stop, events, eventually
@@ -66,7 +65,7 @@ def test_a_window_stage_in_pods_rescales_by_a_spec_edit_with_prestaged_state_and
     eventually(lambda: redis_client.xlen(out) > before, 60, "results after the scale-out")
 
     # Scale in as the autoscaler does, through its Scaler port: an edit of the spec, then the record.
-    scaler = SpecScaler(kube, Owner.of(body), job_of(doc), redis_client, timeout_s=180)
+    scaler = SpecScaler(kube, Owner.of(body), redis_client, timeout_s=180)
     scaler.rescale("counts", 2)
     record = jobs.rescale_history()[-1]
     assert (record.from_parallelism, record.to_parallelism, record.epoch) == (3, 2, 3)

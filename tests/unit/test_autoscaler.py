@@ -285,6 +285,21 @@ def test_a_worker_restart_restarts_the_window_like_a_rescale():
     assert decisions and decisions[0].time >= 38 + FAST["stabilization_s"] + FAST["metrics_window_s"]
 
 
+def test_a_graph_changed_live_is_followed_from_a_fresh_window():
+    job = FluidJob(rate=700)
+    scaler, _ = autoscaler(job)
+    run(job, scaler, 38)
+    scaler.follow(TOPOLOGY)
+    assert scaler._window, "the same graph: nothing restarts"
+    scaler._up_streak["gone"] = 2
+    extra = Topology((*TOPOLOGY.operators, OperatorInfo("more", ("stage",), 0, 120, False)))
+    scaler.follow(extra)
+    assert scaler.topology == extra and not scaler._window and "gone" not in scaler._up_streak
+    job.rate = 2800
+    decisions = run(job, scaler, 80)
+    assert decisions and decisions[0].time >= 38 + FAST["stabilization_s"] + FAST["metrics_window_s"]
+
+
 def test_the_wait_after_a_restart_counts_from_the_workers_return():
     """A restarted worker's first batches (its JVM warming up) say nothing of its steady rate, so the
     stabilization runs from its return, not from when it was first missed."""

@@ -6,11 +6,12 @@ from pathlib import Path
 
 import pytest
 from streamjobs_core.codec import decode, encode_barrier
-from streamjobs_core.control import ControlEvent, ReconfigureRequest
+from streamjobs_core.control import ControlEvent, ReconfigureRequest, ReconfigureState
 from streamjobs_core.jobstore import MemoryJobStore
 from streamjobs_core.loading import load_job
 from streamjobs_core.plan import JobPlan
-from streamjobs_core.reconfigure import How, ReconfigureController, Refused, diff, holds_back, plan_in_force
+from streamjobs_core.reconfigure import How, ReconfigureController, Refused, diff, holds_back, plan_for, plan_in_force
+from streamjobs_core.watermarks import MIN_WATERMARK
 from streamjobs_worker.inputs import StreamInput
 from streamjobs_worker.transaction import Transaction
 
@@ -314,6 +315,11 @@ def test_an_external_record_takes_the_version_of_the_last_cut_its_entry_follows(
     assert _versions_of(ids, 0, "in", cuts) == [0, 0, 1, 1, 2, 2]
     with pytest.raises(Unverifiable, match="partition 1 never switched to plan version 1"):
         _versions_of(ids, 1, "in", cuts)
+    # a source added live in version 3: under it from its first record, then the cuts of the versions after
+    assert _versions_of(ids, 0, "in", [], first=3) == [3] * 6
+    assert _versions_of(ids, 0, "in", cuts[:1], first=3) == [3, 3, 4, 4, 4, 4]
+    with pytest.raises(Unverifiable, match="partition 1 never switched to plan version 4"):
+        _versions_of(ids, 1, "in", cuts, first=3)
 
 
 def test_only_operators_at_or_upstream_of_a_change_hold_back_after_their_barriers():
@@ -359,3 +365,131 @@ def test_a_consumer_switches_to_the_new_tails_streams_with_their_watermarks_and_
     assert [cursor for cursor, _ in jobs.streams("count", taken)] == [b"0-0"] * 2
     assert reader.key_group_watermarks() == {3: 5000, 4: 5000} and reader.version == 1
     assert sorted(txn.hincrs) == [(old.keys.consumed("tag", "count"), str(kg), 9) for kg in (3, 4)]
+
+
+def test_a_consumer_fed_by_a_new_chain_reads_its_streams_from_no_watermark_and_its_version():
+    mark = {"name": "mark", "type": "sql", "inputs": ["tag"], "parallelism": 3, "query": "SELECT * FROM input"}
+    old = JobPlan(chained(), 0)
+    new = JobPlan(chained(stages=lambda ops: [ops[0], mark, {**ops[1], "inputs": ["mark"]}]), 0, 1)
+    assert "mark" in new.vertices and not diff(old.job, new.job).refused
+    jobs = MemoryJobStore()
+    reader = StreamInput(None, jobs, old, "count", 0, (3, 4))
+    for stream in reader._streams.values():
+        stream.upstream_watermarks[:] = 5000
+    reader.switch(new, Transaction())
+    assert sorted(reader._streams) == [new.keys.kg_stream("mark", "count", kg) for kg in (3, 4)]
+    assert all(int(s.passed.min()) == 1 and len(s.passed) == new.key_groups("mark") for s in reader._streams.values())
+    assert reader.key_group_watermarks() == {3: MIN_WATERMARK, 4: MIN_WATERMARK}
+
+
+class _Fleet:
+    """Records what the controller asks of the fleet, and what the store held at that moment."""
+
+    def __init__(self, store: MemoryJobStore) -> None:
+        self.store = store
+        self.calls: list[tuple] = []
+
+    def start_chain(self, op: str, parallelism: int) -> None:
+        prepared = self.store.plan_version(self.store.plan().version + 1)
+        self.calls.append(("start", op, parallelism, self.store.plan().version, prepared is not None and
+                           op in prepared.vertices, set(self.store.versions(op).values()),
+                           plan_for(self.store, op).version))
+
+    def stop_chain(self, op: str) -> None:
+        self.calls.append(("stop", op, self.store.plan().version, set(self.store.versions(op).values())))
+
+
+def test_a_chain_added_is_prepared_and_started_before_the_sources_switch_and_one_removed_stopped_after():
+    store = MemoryJobStore()
+    store.deploy(JobPlan(chained(), 1000))
+    fleet = _Fleet(store)
+    def switch_all(_) -> None:  # every instance of every chain, the removed ones too, passes the barriers
+        latest = store.plan()
+        for plan in (latest, store.plan_version(latest.version - 1)):
+            for op in plan.vertices:
+                store.record_versions(None, op, range(plan.key_groups(op)), latest.version)
+
+    controller = ReconfigureController(store, fleet=fleet, sleep=switch_all)
+    mark = {"name": "mark", "type": "sql", "inputs": ["tag"], "parallelism": 3, "query": "SELECT * FROM input"}
+    controller.apply(chained(stages=lambda ops: [ops[0], mark, {**ops[1], "inputs": ["mark"]}]))
+    # started on the prepared version 1 while version 0 was in force, its key groups at 1 already
+    assert fleet.calls == [("start", "mark", 3, 0, True, {1}, 1)]
+    assert store.plan().version == 1 and store.plan().spec.operator("mark").parallelism == 3
+    assert [p.version for p in store.plans()] == [0, 1] and plan_for(store, "mark").version == 1
+    assert store.assignment("mark").parallelism == 3
+    controller.apply(chained())
+    assert fleet.calls[1:] == [("stop", "mark", 2, {2})]  # after it passed version 2 on
+    assert plan_for(store, "mark").version == 1  # a restarted instance finds the last plan with it
+
+
+def test_a_removal_waits_for_the_removed_chains_key_groups():
+    store = MemoryJobStore()
+    mark = {"name": "mark", "type": "sql", "inputs": ["tag"], "parallelism": 3, "query": "SELECT * FROM input"}
+    with_mark = JobPlan(chained(stages=lambda ops: [ops[0], mark, {**ops[1], "inputs": ["mark"]}]), 1000)
+    store.deploy(with_mark)
+    store.publish_plan(JobPlan(chained(), 1000, 1), ReconfigureState(1, 0.0, ()))
+    controller = ReconfigureController(store)
+    for op in store.plan().vertices:
+        store.record_versions(None, op, range(store.plan().key_groups(op)), 1)
+    assert controller.waiting(store.plan()) == {"mark": 12}
+    store.record_versions(None, "mark", range(12), 1)
+    assert controller.waiting(store.plan()) == {}
+
+
+def test_a_redis_stream_source_is_added_live_and_a_generator_refused():
+    base = job()
+    data = base.model_dump(mode="json", by_alias=True)
+    data["spec"]["sources"].append({"name": "extra", "type": "redis_stream", "partitions": 2})
+    data["spec"]["sinks"].append({"name": "extras", "type": "redis_stream", "inputs": ["extra"]})
+    changes = diff(base, type(base).model_validate(data))
+    assert not changes.refused and {c.path for c in changes.live} == {"spec.sources[extra]", "spec.sinks[extras]"}
+    assert not diff(type(base).model_validate(data), base).refused, "and removed"
+    data["spec"]["sources"][-1] = {**data["spec"]["sources"][0], "name": "extra"}
+    (refused,) = diff(base, type(base).model_validate(data)).refused
+    assert refused.path == "spec.sources[extra]" and "event time runs from the job's start" in refused.reason
+
+
+def test_the_run_prints_each_change_with_its_operator_named():
+    import io
+
+    from rich.console import Console
+    from streamjobs.run import _tick
+    from streamjobs_core.control import ReconfigureRecord
+
+    class Runtime:
+        plan = JobPlan(job(), 0)
+
+        def supervise(self):
+            return []
+
+        def resume_rescale(self):
+            return None
+
+        def handle_requests(self):
+            return [ReconfigureRecord(3, ("spec.sinks[retagged]: live (added at the cut)",), None, 1.5, 20.0, {})]
+
+        def drained(self):
+            return False
+
+    out = io.StringIO()
+    autoscaler = type("Autoscaler", (), {"tick": lambda self: None, "follow": lambda self, topology: None})()
+    _tick(Runtime(), Console(file=out, width=200), autoscaler)
+    assert "spec.sinks[retagged]: live (added at the cut)" in out.getvalue()
+
+
+def test_a_chain_whose_workers_do_not_start_leaves_the_job_as_it_was():
+    store = MemoryJobStore()
+    store.deploy(JobPlan(chained(), 1000))
+    fleet = _Fleet(store)
+
+    def fail(op: str, parallelism: int) -> None:
+        raise TimeoutError(f"workers not ready: {op}")
+
+    fleet.start_chain = fail
+    mark = {"name": "mark", "type": "sql", "inputs": ["tag"], "parallelism": 3, "query": "SELECT * FROM input"}
+    with pytest.raises(TimeoutError):
+        ReconfigureController(store, fleet=fleet).apply(
+            chained(stages=lambda ops: [ops[0], mark, {**ops[1], "inputs": ["mark"]}]))
+    assert fleet.calls == [("stop", "mark", 0, {1})]  # stopped, then what was prepared for it goes
+    assert store.plan().version == 0 and store.plan_version(1) is None and [p.version for p in store.plans()] == [0]
+    assert store.assignment("mark") is None and store.reconfigure_state() is None

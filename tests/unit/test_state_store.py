@@ -16,6 +16,7 @@ from streamjobs_worker.state import (
     ChangeSet,
     KeyGroupStore,
     StateLayout,
+    concat,
     open_store,
     replace_rows,
     to_ipc,
@@ -396,3 +397,13 @@ def test_replaying_the_changelog_reproduces_the_state(make_store, ops: list[tupl
     assert contents(replica) == model
     assert contents(restored) == model
     assert live.drain_changes() == {}
+
+
+def test_rows_without_a_column_others_declare_not_null_concat_into_a_nullable_field():
+    before = pa.table({"word": ["a"]})
+    after = pa.Table.from_arrays([pa.array(["b"]), pa.array(["B"])], schema=pa.schema(
+        [pa.field("word", pa.string(), nullable=False), pa.field("upper", pa.string(), nullable=False)]))
+    both = concat([before, after])
+    assert both.column("upper").to_pylist() == [None, "B"]
+    assert all(field.nullable for field in both.schema) and both.validate(full=True) is None
+    assert concat([after, after]).schema == after.schema, "the same schema stays as it is"

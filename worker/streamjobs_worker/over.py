@@ -137,10 +137,7 @@ class Over(_EventTimeStage):
             # A column the input gained live (a query upstream changed) is null in the records kept from before.
             kept = [c for c in columns if c in history.column_names]
             parts.append(history.select(kept).append_column(_HISTORY, pa.repeat(True, history.num_rows)))
-        both = pa.concat_tables(parts, promote_options="permissive")
-        # Records from before a column was gained live (kept, or waiting beside later ones) hold nulls in it, and
-        # Arrow's permissive concat keeps the field not null where Spark declared it so: Spark would fail on them.
-        both = both.cast(pa.schema([field.with_nullable(True) for field in both.schema]))
+        both = concat(parts)  # nullable where the records kept or waiting from before the column was gained lack it
         with phases.phase("to_jvm"):
             spark.bridge(self.spark).frame(both).coalesce(1).createOrReplaceTempView(self._view)
         with phases.phase("plan"):

@@ -106,7 +106,14 @@ def concat(tables: Iterable[pa.Table | None]) -> pa.Table | None:
     present = [t for t in tables if t is not None and t.num_rows]
     if not present:
         return None
-    return present[0] if len(present) == 1 else pa.concat_tables(present, promote_options="permissive")
+    if len(present) == 1:
+        return present[0]
+    joined = pa.concat_tables(present, promote_options="permissive")
+    if all(t.schema == present[0].schema for t in present[1:]):
+        return joined
+    # Rows from before a column was gained live: permissive concat fills them with nulls but keeps the field
+    # `not null` where the newer tables declared it so, and Spark, trusting that, fails on the nulls.
+    return joined.cast(pa.schema([f.with_nullable(True) for f in joined.schema], metadata=joined.schema.metadata))
 
 
 def replace_rows(current: pa.Table | None, upserts: pa.Table | None, deletes: pa.Table | None,
