@@ -39,6 +39,10 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=API_GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=API_GROUP)
     settings.posting.level = logging.WARNING  # Events for what users must act on, not every handler run
+    # A deleted job's finalizer goes once its timer and daemon stopped. A sync `refresh` caught mid-run does not
+    # stop at once, and kopf looks again only after this long (60 s by default): every such deletion waited a
+    # minute. A look every second costs a patch of the object's progress annotation.
+    settings.background.cancellation_polling = 1.0
     memo.kube = Kube()
     memo.settings = Settings.from_env()  # read at start, not import: tests and restarts see the current env
 

@@ -8,7 +8,7 @@ from streamjobs_core.jobstore import RedisJobStore
 from streamjobs_core.layout import JobKeys
 from streamjobs_operator.resources import LABEL_JOB
 
-from .conftest import NAMESPACE, events, eventually, run_kubectl
+from .conftest import NAMESPACE, await_deleted, events, eventually, run_kubectl
 from .jobs import apply, get, phase, wordcopy
 
 
@@ -92,6 +92,6 @@ def test_delete_runs_the_finalizer_that_clears_redis(kube, kubelet, redis_client
     eventually(lambda: redis_client.xlen(keys.output_stream("copies")) > 0, 60, "sink output")
 
     assert kube.delete("streamjobs", NAMESPACE, "doomed")
-    eventually(lambda: kube.get("streamjobs", NAMESPACE, "doomed") is None, 60, "object gone")
+    await_deleted(kube, kubelet, "doomed", 60)
     assert list(redis_client.scan_iter(match=keys.pattern)) == []
     assert _owned(kube, "statefulsets", "doomed") == [] and _owned(kube, "pods", "doomed") == []
