@@ -408,8 +408,7 @@ class ReconfigureController:
         if plan.control is not None:  # its replies came with the switches just awaited
             control = ControlRecord(plan.control, plan.version, self._store.replies(plan.control.id),
                                     record.duration_s, record.pause_ms)
-        previous = self._store.plan_version(plan.version - 1)
-        removed = [] if previous is None else [op for op in previous.vertices if op not in plan.vertices]
+        previous, removed = self._removed(plan)
         if removed and fleet is not None:  # they passed their barriers on: nothing reads what they would write
             for op in removed:
                 fleet.stop_chain(op)
@@ -417,13 +416,16 @@ class ReconfigureController:
         self._store.end_reconfigure(record, control)
         return record
 
+    def _removed(self, plan: JobPlan) -> tuple[JobPlan | None, list[str]]:
+        """The version before `plan`, and the chain heads it had that `plan` removed."""
+        previous = self._store.plan_version(plan.version - 1)
+        return previous, [] if previous is None else [op for op in previous.vertices if op not in plan.vertices]
+
     def waiting(self, plan: JobPlan) -> dict[str, int]:
         """Per chain head: how many of its key groups (source partitions) have not switched to `plan` yet. A
         chain `plan` removed switches too: its instances pass the barriers on, then wait to be stopped."""
-        previous = self._store.plan_version(plan.version - 1)
-        heads = [(op, plan) for op in plan.vertices]
-        if previous is not None:
-            heads += [(op, previous) for op in previous.vertices if op not in plan.vertices]
+        previous, removed = self._removed(plan)
+        heads = [(op, plan) for op in plan.vertices] + [(op, previous) for op in removed]
         out = {}
         for op, where in heads:
             versions = self._store.versions(op)
