@@ -173,8 +173,14 @@ class JobStore(Protocol):
     def request_suspend(self) -> None:
         """Stop at the last commits without draining (`streamjobs stop`): the job goes on later from there."""
     def suspend_requested(self) -> bool: ...
+    def request_pause(self, at_ms: int, until_ms: int) -> None:
+        """The sources read what is due by `at_ms` (a generator's offsets then meet at one global index) and no
+        more, while every other operator goes on: the job drains what is in flight (`savepoint --drain-in-flight`).
+        The pause lapses at `until_ms`: a caller that dies does not leave the job paused."""
+    def paused_at(self, now_ms: int) -> int | None:
+        """The instant of a pause in force at `now_ms`."""
     def resumed(self) -> None:
-        """A suspended job runs again."""
+        """A suspended or paused job runs again."""
     def forget_processes(self, ops: Iterable[str]) -> None:
         """What the processes of an earlier run said of themselves (endpoints, warm spares): a run that goes on
         after they died starts new ones."""
@@ -482,6 +488,27 @@ class RedisJobStore:
     def reconfigure_history(self, start: int = 0) -> list[ReconfigureRecord]:
         return [ReconfigureRecord.decode(x) for x in self.r.lrange(self.keys.reconfigure_history, start, -1)]
 
+    def queue_resplit(self, pipe, previous: JobPlan, plan: JobPlan, assignments: dict[str, Assignment],
+                      sources: dict[str, dict[int, PartitionProgress]], heard: dict[str, dict[str, Runs]],
+                      record: ReconfigureRecord) -> None:
+        """Queue on `pipe` what a re-split (resplit.py) writes of the control plane: `plan` in force after
+        `previous`, every chain's assignment of the new key groups (what a rescale or a prestage left is
+        dropped: none runs), the generators' offsets in their new partitions, the consumers' streams (from
+        their start, with the watermarks they heard) and the record of the version."""
+        pipe.hset(self.keys.plans, str(previous.version), previous.to_json())
+        pipe.set(self.keys.plan, plan.to_json())
+        for op, assignment in assignments.items():
+            pipe.delete(self.keys.assignment(op), self.keys.moved(op), self.keys.releases(op), self.keys.acquired(op),
+                        *self._prestage_keys(op))
+            self.write_assignment(op, assignment, pipe=pipe)
+        for op, progress in sources.items():
+            pipe.delete(self.keys.offsets(op), self.keys.watermarks(op))
+            self.record_partitions(pipe, op, progress)
+        for op, streams in heard.items():
+            pipe.delete(self.keys.offsets(op), self.keys.watermarks(op))
+            self.record_streams(pipe, op, {name: (b"0-0", runs) for name, runs in streams.items()})
+        pipe.rpush(self.keys.reconfigure_history, record.encode())
+
     def request_reconfigure(self, request: ReconfigureRequest) -> None:
         self.r.rpush(self.keys.reconfigure_requests, request.encode())
 
@@ -568,8 +595,18 @@ class RedisJobStore:
     def suspend_requested(self) -> bool:
         return self.r.hget(self.keys.control, "suspend") is not None
 
+    def request_pause(self, at_ms: int, until_ms: int) -> None:
+        self.r.hset(self.keys.control, "pause", f"{at_ms}:{until_ms}")
+
+    def paused_at(self, now_ms: int) -> int | None:
+        raw = self.r.hget(self.keys.control, "pause")
+        if raw is None:
+            return None
+        at, _, until = raw.decode().partition(":")
+        return int(at) if now_ms < int(until) else None
+
     def resumed(self) -> None:
-        self.r.hdel(self.keys.control, "suspend")
+        self.r.hdel(self.keys.control, "suspend", "pause")
 
     def forget_processes(self, ops: Iterable[str]) -> None:
         self.r.delete(self.keys.metrics_endpoints, *(self.keys.spares(op) for op in ops))
@@ -657,6 +694,7 @@ class MemoryJobStore:
         self._registered: dict[tuple[str, int], str] = {}
         self._stop = False
         self._suspend = False
+        self._pause: tuple[int, int] | None = None
         self._partitions: dict[tuple[str, int], tuple[PartitionProgress | None, int | None]] = {}
         self._streams: dict[tuple[str, str], tuple[bytes | None, Runs | None]] = {}
         self._plans: dict[int, JobPlan] = {}
@@ -921,8 +959,15 @@ class MemoryJobStore:
     def suspend_requested(self) -> bool:
         return self._suspend
 
+    def request_pause(self, at_ms: int, until_ms: int) -> None:
+        self._pause = (at_ms, until_ms)
+
+    def paused_at(self, now_ms: int) -> int | None:
+        return self._pause[0] if self._pause is not None and now_ms < self._pause[1] else None
+
     def resumed(self) -> None:
         self._suspend = False
+        self._pause = None
 
     def forget_processes(self, ops: Iterable[str]) -> None:
         self._registered.clear()

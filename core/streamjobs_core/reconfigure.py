@@ -112,9 +112,10 @@ class Refused(ValueError):
 _NOT_THE_JOBS = ("suspend", "restoreFrom")
 
 
-def diff(old: StreamJob, new: StreamJob, reset: Iterable[str] = ()) -> Reconfiguration:
+def diff(old: StreamJob, new: StreamJob, reset: Iterable[str] = (), restoring: bool = False) -> Reconfiguration:
     """Classify every field `new` changes against the running `old`. The stateful stages in `reset` start
-    their state afresh at the cut, so what their state depends on may change too."""
+    their state afresh at the cut, so what their state depends on may change too. `restoring`: `old` is a
+    savepoint's job, which a restore may split again under another maxParallelism (resplit.py)."""
     a, b = (job.spec.model_dump(mode="json", by_alias=True) for job in (old, new))
     reset = tuple(reset)
     changes: list[Change] = [_reset(name, a, b) for name in reset]
@@ -123,7 +124,7 @@ def diff(old: StreamJob, new: StreamJob, reset: Iterable[str] = ()) -> Reconfigu
     for key in sorted(a.keys() | b.keys()):
         if key in _GROUPS or key in _NOT_THE_JOBS or a.get(key) == b.get(key):
             continue
-        changes.extend(_settings(key, a.get(key), b.get(key)))
+        changes.extend(_settings(key, a.get(key), b.get(key), restoring))
     changes.extend(_rewritten(old.spec, new.spec))
     for group in _GROUPS:
         before = {op["name"]: op for op in a[group]}
@@ -186,10 +187,14 @@ def _reset(name: str, old: dict, new: dict) -> Change:
                   "and rows it holds then are dropped", name)
 
 
-def _settings(key: str, old, new) -> list[Change]:
+def _settings(key: str, old, new, restoring: bool) -> list[Change]:
+    if key == "maxParallelism" and restoring:
+        return [Change("spec.maxParallelism", How.LIVE, f"{old} -> {new}: every key group's state split again at "
+                       "the restore, which needs the savepoint taken with --drain-in-flight")]
     if key == "maxParallelism":
-        return [Change("spec.maxParallelism", How.REFUSED, "it maps keys to other key groups: the state would "
-                       "have to be re-split, which needs a new job")]
+        return [Change("spec.maxParallelism", How.REFUSED, "it maps keys to other key groups: take a savepoint "
+                       "with `streamjobs savepoint --drain-in-flight` and go on from it under the new value, "
+                       "which splits the state again")]
     if key in ("batching", "rescale", "controlHandlers"):
         return [Change(f"spec.{key}.{f}", How.LIVE) for f in _changed_fields(old, new)]
     if key == "state":

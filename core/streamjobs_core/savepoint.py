@@ -13,6 +13,10 @@ which their callers await from the run they asked.
 
 A rescale or a reconfiguration in progress is refused: its controller lives in the process that runs the
 job, not in Redis, and the copy would carry it half done.
+
+Taken drained (`--drain-in-flight`: the sources paused, every record they read processed), a savepoint holds
+nothing in flight but state and watermarks, and may go on under another maxParallelism: the restore splits
+the key groups again (resplit.py).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from . import keycopy
 from .jobstore import ChangeInProgress, RedisJobStore
 from .plan import JobPlan
 from .reconfigure import Refused, diff
+from .resplit import CannotResplit, resplit
 from .spec import StreamJob
 
 FORMAT = "streamjobs-savepoint"
@@ -115,21 +120,28 @@ def check(savepoint: Savepoint, job: StreamJob, reset: tuple[str, ...] = ()) -> 
     with the state of the stages in `reset` started afresh."""
     if savepoint.job != job.metadata.name:
         raise SavepointError(f"metadata.name is '{job.metadata.name}', but the savepoint holds job '{savepoint.job}'")
-    changes = diff(savepoint.plan.job, job, reset)
+    changes = diff(savepoint.plan.job, job, reset, restoring=True)
     if changes.refused:
         raise SavepointError(f"the savepoint cannot go on with this spec: {Refused(changes.refused)}")
 
 
-def restore(store: RedisJobStore, savepoint: Savepoint, owner: str | None = None) -> int:
+def restore(store: RedisJobStore, savepoint: Savepoint, owner: str | None = None,
+            max_parallelism: int | None = None) -> int:
     """Replace the job's keys (all but its input streams) by the savepoint's at once: a reader sees the job
-    before or after, never a mix. What the savepoint's processes said of themselves is forgotten (new ones
-    start) and a stop it was taken at is lifted; `owner`, the StreamJob resource that restores it. Returns
-    the keys it replaced."""
+    before or after, never a mix. Under another `max_parallelism` the key groups are then split again, in one
+    transaction (a failure leaves the savepoint's job as it was, and says why). What the savepoint's processes
+    said of themselves is forgotten (new ones start) and a stop or pause it was taken at is lifted; `owner`,
+    the StreamJob resource that restores it. Returns the keys it replaced."""
     try:
         replaced = store.replace_keys(list(savepoint.keys))
     except keycopy.Unreadable:
         raise SavepointError(f"this Redis cannot read the savepoint's keys, written by Redis "
                              f"{savepoint.redis_version}: restore it into that version or a newer one") from None
+    if max_parallelism not in (None, savepoint.plan.spec.max_parallelism):
+        try:
+            resplit(store, max_parallelism)
+        except CannotResplit as exc:
+            raise SavepointError(f"spec.maxParallelism: {exc}") from None
     store.forget_processes(savepoint.plan.vertices)
     store.resumed()
     if owner is not None:

@@ -69,7 +69,7 @@ def deploy(r, job: StreamJob, uid: str, reset: tuple[str, ...] = ()) -> bool:
     if job.spec.restore_from:  # its input streams stay: the savepoint's offsets point into them
         savepoint = read_restore_from(job)
         check(savepoint, job, reset)
-        restore(jobs, savepoint, owner=uid)
+        restore(jobs, savepoint, owner=uid, max_parallelism=job.spec.max_parallelism)
         return True
     jobs.clear(keep_input=False)
     jobs.deploy(JobPlan(job, int(time.time() * 1000)), owner=uid)

@@ -244,6 +244,24 @@ def _stopped(store, wait_s: float) -> bool:
     return True
 
 
+_PAUSE_MARGIN_S = 30.0  # a pause outlives the drain's wait by this much, for the copy; then it lapses by itself
+
+
+def _drained(store, plan, wait_s: float) -> bool:
+    """Wait until the paused sources' records went through every operator, or say what is still in flight."""
+    import time
+
+    from streamjobs_core.resplit import in_flight
+
+    deadline = time.monotonic() + wait_s
+    while pending := in_flight(store, plan):
+        if time.monotonic() > deadline:
+            print(f"--drain-in-flight: still in flight after {wait_s:.0f} s: {'; '.join(pending)}", file=sys.stderr)
+            return False
+        time.sleep(0.2)
+    return True
+
+
 def _savepoint(args) -> int:
     import time
 
@@ -252,25 +270,36 @@ def _savepoint(args) -> int:
     found = _running_job(args)
     if found is None:
         return 1
-    store, _ = found
-    if args.stop:
-        if store.deployed_by() is not None:
-            print(f"--stop: '{args.job}' is run by the StreamJob operator: set spec.suspend, then take the "
-                  "savepoint", file=sys.stderr)
-            return 2
-        store.request_suspend()
-        if not _stopped(store, args.wait):
-            return 1
-    started = time.monotonic()
+    store, plan = found
+    if args.stop and store.deployed_by() is not None:
+        print(f"--stop: '{args.job}' is run by the StreamJob operator: set spec.suspend, then take the "
+              "savepoint", file=sys.stderr)
+        return 2
+    stopping = False
     try:
+        if args.drain_in_flight:
+            now_ms = int(time.time() * 1000)
+            store.request_pause(now_ms, now_ms + int((args.wait + _PAUSE_MARGIN_S) * 1000))
+            if not _drained(store, plan, args.wait):
+                return 1
+        if args.stop:
+            store.request_suspend()
+            stopping = True
+            if not _stopped(store, args.wait):
+                return 1
+        started = time.monotonic()
         savepoint = take(store)
     except SavepointError as exc:
         print(f"--job: {exc}", file=sys.stderr)
         return 2
+    finally:
+        if args.drain_in_flight and not stopping:
+            store.resumed()  # the sources go on (a stopped job's pause is lifted when it runs again)
     held_ms = (time.monotonic() - started) * 1000
     savepoint.write(args.path)
-    state = "stopped at" if args.stop else "running, copied between two commits at"
-    print(f"{args.job}: savepoint of plan version {savepoint.plan.version} ({state} its last commits): "
+    state = ("stopped at" if args.stop else "running, copied between two commits at") + " its last commits" + (
+        "; drained: nothing in flight between operators" if args.drain_in_flight else "")
+    print(f"{args.job}: savepoint of plan version {savepoint.plan.version} ({state}): "
           f"{len(savepoint.keys)} keys, {savepoint.size_bytes / 1e6:.1f} MB, copied in {held_ms:.0f} ms -> "
           f"{args.path}\n`streamjobs run <file> --from-savepoint {args.path} [--redis-url URL]` goes on from it")
     return 0
@@ -476,7 +505,12 @@ def main(argv: list[str] | None = None) -> int:
     savepoint.add_argument("--path", required=True, help="the file to write")
     savepoint.add_argument("--stop", action="store_true",
                            help="stop the job at its last commits first (as `streamjobs stop`), then copy")
-    savepoint.add_argument("--wait", type=float, default=120.0, help="--stop: seconds to wait for every worker")
+    savepoint.add_argument("--drain-in-flight", action="store_true",
+                           help="pause the sources first and wait until every record they read went through every "
+                           "operator (windows stay open); such a savepoint can go on under another maxParallelism. "
+                           "Without --stop the sources go on after the copy")
+    savepoint.add_argument("--wait", type=float, default=120.0,
+                           help="--stop, --drain-in-flight: seconds to wait for the workers")
     savepoint.set_defaults(func=_savepoint)
 
     control = sub.add_parser(

@@ -150,7 +150,7 @@ class LocalRuntime:
         if self.jobs.registered() and not replace:
             raise PreviousRun(f"workers of job '{self.job.metadata.name}' are registered in {self.redis_url}: a run "
                               "may be going on. Stop it (`streamjobs stop`), or pass --fresh to replace it")
-        restore(self.jobs, savepoint)
+        restore(self.jobs, savepoint, max_parallelism=self.job.spec.max_parallelism)
 
     def _resume(self, ready_timeout_s: float, reset: tuple[str, ...] = ()) -> None:
         """Go on with the run of this job that Redis holds: its plan, parallelism, state, offsets and event-time

@@ -144,3 +144,40 @@ def test_a_savepoint_goes_on_in_another_redis_rescaled_with_a_window_reset_exact
     assert report["autoscaler"]["final_parallelism"]["count"] == 3
     assert [c["operator"] for c in report["rescales"]] == ["count"]
     assert_exact(report)
+
+
+def test_a_drained_savepoint_goes_on_under_another_max_parallelism_exactly_through_a_sigkill(redis_server, tmp_path):
+    """`streamjobs savepoint --drain-in-flight --stop`: the sources pause, what they read goes through `count`, and
+    the workers stop with windows open. Restored into another redis-server under maxParallelism 20 (was 12):
+    `count`'s open windows are split again by word over 20 key groups and the generator's 12 partitions become 20
+    at the global index they all reached; `count/1` is SIGKILLed after. The output of both runs is exact: no
+    window lost a count or fired twice."""
+    r = redis.Redis.from_url(redis_server.url)
+    jobs = RedisJobStore(r, "wordcount-small")
+    out = jobs.keys.output_stream("counts")
+    first = _first_run(redis_server.url, r, jobs)
+    path = tmp_path / "drained.savepoint"
+    taken = subprocess.run([sys.executable, "-m", "streamjobs.cli", "savepoint", "--job", "wordcount-small",
+                            "--redis-url", redis_server.url, "--path", str(path), "--drain-in-flight", "--stop"],
+                           capture_output=True, text=True, timeout=180)
+    assert taken.returncode == 0 and "drained: nothing in flight" in taken.stdout, taken.stderr
+    stdout, stderr = first.communicate(timeout=60)
+    assert first.returncode == 0 and "suspended at its last commits" in stdout, stderr
+    written = r.xrange(out)
+    savepoint = Savepoint.read(path)
+    jobs.clear(keep_input=False)
+
+    doc = yaml.safe_load((ROOT / "tests/jobs/wordcount-small.yaml").read_text())
+    doc["spec"]["maxParallelism"] = 20
+    during = killer([(6, "count", 1)])
+    with RedisServer() as other:
+        report = run_job(parse_job(doc), 15, redis_url=other.url, console=Console(force_terminal=False),
+                         log_dir=str(tmp_path / "logs"), during=during, savepoint=savepoint)
+        restored = RedisJobStore(redis.Redis.from_url(other.url), "wordcount-small")
+        plan = restored.plan()
+        assert restored.r.xrange(out, count=len(written)) == written
+        assert plan.spec.max_parallelism == 20 and plan.version == savepoint.plan.version + 1
+        assert restored.versions("words") == dict.fromkeys(range(20), plan.version)
+        assert any("spec.maxParallelism: 12 -> 20" in c for rec in restored.reconfigure_history() for c in rec.changes)
+    assert during.killed == ["count/1"] and report["restarts"] >= 1
+    assert_exact(report)

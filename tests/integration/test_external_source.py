@@ -21,6 +21,7 @@ from streamjobs_core.control import PartitionProgress
 from streamjobs_core.jobstore import RedisJobStore
 from streamjobs_core.loading import parse_job
 from streamjobs_core.plan import JobPlan
+from streamjobs_core.resplit import in_flight
 from streamjobs_worker.sources import RedisInputSource
 from streamjobs_worker.transaction import Fenced, Transaction
 from streamjobs_worker.worker import Worker
@@ -211,3 +212,42 @@ def test_the_oracle_verifies_a_run_of_json_and_arrow_input(r, spark, fmt):
     assert r.xlen(plan.keys.dead_letter) == 1
     result = verify(spark, r, plan)
     assert result["correct"] is True and result["sinks"]["out"]["expected"] == 199, result
+
+
+def test_a_paused_source_reads_nothing_more_while_what_it_read_drains_and_reads_on_when_resumed(r):
+    """`savepoint --drain-in-flight`'s pause: the source's offsets stay where the pause found them, the operators
+    after it take what is in flight (resplit.in_flight empties), and once resumed the source reads what arrived."""
+    plan = deploy(r, parse_job({"metadata": {"name": "paused"}, "spec": {
+        "maxParallelism": 4,
+        "sources": [{"name": "in", "type": "redis_stream", "partitions": 2, "schema": SCHEMA}],
+        "sinks": [{"name": "out", "type": "redis_stream", "inputs": ["in"], "chain": False}]}}))
+    jobs = RedisJobStore(r, plan.name)
+    source, sink = (Worker(r, plan, op, 0) for op in plan.vertices)
+    for worker in (source, sink):
+        worker.restore()
+    feed(r, plan.keys, 2, 0, 100)
+    taken = lambda: sum(p.records or 0 for p, _ in jobs.partitions("in", range(2)).values() if p)  # noqa: E731
+    while taken() < 100:
+        source.step()
+    assert in_flight(jobs, plan) == [f"{100 - 4} records from 'in' not processed by 'out' yet"]
+    paused = int(time.time() * 1000)
+    jobs.request_pause(paused, paused + 60_000)
+    assert jobs.paused_at(paused + 59_999) == paused and jobs.paused_at(paused + 60_000) is None  # it lapses
+    time.sleep(0.25)  # a source reads the job's control requests every 0.2 s
+    feed(r, plan.keys, 2, 100, 100)
+    deadline = time.monotonic() + 20
+    while in_flight(jobs, plan):
+        assert time.monotonic() < deadline, in_flight(jobs, plan)
+        source.step()
+        sink.step()
+    for _ in range(5):
+        source.step()
+    assert taken() == 100 and output(r, plan) == [n for n in range(100) if n % BAD_EVERY]
+
+    jobs.resumed()
+    time.sleep(0.25)
+    while taken() < 200 or in_flight(jobs, plan):
+        assert time.monotonic() < deadline + 20, "the source did not read on"
+        source.step()
+        sink.step()
+    assert output(r, plan) == [n for n in range(200) if n % BAD_EVERY]

@@ -183,9 +183,22 @@ def test_interval_and_regular_joins_equal_brute_force_and_leave_no_state(spark, 
     assert all(logic.store.table(kg) is None for kg in logic.store.key_groups), "expired rows leave no state"
 
 
-@pytest.mark.parametrize("kind", [{"window": {"type": "sliding", "sizeMs": 2000, "slideMs": 1000}},
-                                  {"window": None, "kind": "interval", "lowerMs": -500, "upperMs": 1500}],
-                         ids=["window", "interval"])
+MOVED_KINDS = [{"window": {"type": "sliding", "sizeMs": 2000, "slideMs": 1000}},
+               {"window": None, "kind": "interval", "lowerMs": -500, "upperMs": 1500}]
+
+
+def assert_left_join_of(spec: JoinStage, left: dict, right: dict, got: Counter) -> None:
+    """`got` (timed pairs) is the left join of a MOVED_KINDS spec, brute-forced."""
+    if spec.kind == "window":
+        want = brute_force(left, right, 2000, 1000, "left")
+        got = Counter({(*row[:4], row[4] - 1999): n for row, n in got.items()})  # event_time = window end - 1
+    else:
+        want = interval_brute_force(left, right, -500, 1500, "left")
+    assert sum(want.values()) > 100
+    assert got == want
+
+
+@pytest.mark.parametrize("kind", MOVED_KINDS, ids=["window", "interval"])
 def test_waiting_rows_of_both_sides_move_as_snapshot_and_changelog_and_still_meet(spark, kind):
     """Half the key groups leave after two batches: a snapshot (both sides' rows in one table per key group,
     with whether a left row met anyone) goes to a second instance; the rest of the first instance's state is
@@ -214,13 +227,26 @@ def test_waiting_rows_of_both_sides_move_as_snapshot_and_changelog_and_still_mee
         part_r = {k: np.asarray(v)[mine_r] for k, v in right.items()}
         got += timed_pairs(feed(logic, part_l, part_r, 3300, 8000)[0])
         got += timed_pairs(logic.process(InputBatch(), MAX_WATERMARK)[0])
-    if spec.kind == "window":
-        want = brute_force(left, right, 2000, 1000, "left")
-        got = Counter({(*row[:4], row[4] - 1999): n for row, n in got.items()})  # event_time = window end - 1
-    else:
-        want = interval_brute_force(left, right, -500, 1500, "left")
-    assert sum(want.values()) > 100
-    assert got == want
+    assert_left_join_of(spec, left, right, got)
+
+
+@pytest.mark.parametrize("kind", MOVED_KINDS, ids=["window", "interval"])
+def test_waiting_rows_of_both_sides_split_again_under_another_max_parallelism_still_meet(spark, split_again, kind):
+    """Both sides' rows waiting in 12 key groups, committed to Redis, split again by each side's key over 20 (a
+    restore under another maxParallelism): the join under 20 key groups goes on and matches as if nothing moved."""
+    left, right = sides(np.random.default_rng(29), 500, 30, 8000)
+    spec = join(how="left", **kind)
+    first = make_join(spec, KeyGroupStore(range(MAX_P)), MAX_P)
+    got = Counter()
+    for lo, hi in ((0, 1500), (1500, 3300)):
+        got += timed_pairs(feed(first, left, right, lo, hi)[0])
+    again = split_again(spec, first.store, 20)
+    assert any(again.table(kg) is not None for kg in range(MAX_P, 20))
+    logic = make_join(spec, again, 20)
+    logic.restore(dict.fromkeys(range(20), 3300))
+    got += timed_pairs(feed(logic, left, right, 3300, 8000)[0])
+    got += timed_pairs(logic.process(InputBatch(), MAX_WATERMARK)[0])
+    assert_left_join_of(spec, left, right, got)
 
 
 def test_an_interval_join_drops_rows_behind_the_watermark(spark):

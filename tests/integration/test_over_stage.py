@@ -86,6 +86,22 @@ def test_each_record_is_aggregated_with_its_keys_last_rows_in_event_time_whateve
             assert max(Counter(history.column("seller").to_pylist()).values()) <= ROWS - 1
 
 
+def test_history_and_waiting_records_split_again_under_another_max_parallelism_give_the_same_frames(spark, split_again):
+    """A key's history and the records waiting for the watermark, committed in 12 key groups, split again over
+    20 (a restore under another maxParallelism): every record still meets its key's last rows."""
+    data = records()
+    logic = Over(spec(), KeyGroupStore(range(MAX_P)), MAX_P)
+    got = results(logic.process(batch_between(data, 0, 3000, 500), 2000)[0])
+    waiting = sum(t.num_rows for kg in range(MAX_P) if (t := logic.store.read([kg], WAITING)) is not None)
+    assert waiting > 30
+    again = Over(spec(), split_again(spec(), logic.store, 20), 20)
+    again.restore(dict.fromkeys(range(20), 2000))
+    got += results(again.process(batch_between(data, 3000, 9700, 500), 9200)[0])
+    got += results(again.process(InputBatch(), MAX_WATERMARK)[0])
+    assert again.late_records == 0
+    assert got == brute_force(data)
+
+
 def test_a_record_behind_the_watermark_is_dropped_and_counted(spark):
     logic = Over(spec(), KeyGroupStore(range(MAX_P)), MAX_P)
     first = pa.table({"seller": [1], "sale": [1], "price": [10], "event_time": [1000]})

@@ -109,11 +109,11 @@ def test_a_spec_the_savepoint_cannot_take_is_refused_before_anything_is_replaced
     path = tmp_path / "ctl.savepoint"
     take(jobs).write(path)
     r.set(jobs.keys.snapshot("agg", 3), b"state 99")  # the job went on
-    doc = {**JOB, "spec": {**JOB["spec"], "maxParallelism": 24}}
+    agg = {**JOB["spec"]["stages"][0], "keyBy": "user"}
     edited = tmp_path / "ctl.yaml"
-    edited.write_text(yaml.safe_dump(doc))
+    edited.write_text(yaml.safe_dump({**JOB, "spec": {**JOB["spec"], "stages": [agg]}}))
     assert main(["run", str(edited), "--from-savepoint", str(path), "--redis-url", redis_server.url]) == 2
-    assert "the savepoint cannot go on with this spec: spec.maxParallelism" in capsys.readouterr().err
+    assert "the savepoint cannot go on with this spec: spec.stages[agg].keyBy" in capsys.readouterr().err
     assert r.get(jobs.keys.snapshot("agg", 3)) == b"state 99"
 
     jobs.register(InstanceAddress("agg", 0, "10.0.0.1:9100"))  # a run may be going on
@@ -122,3 +122,19 @@ def test_a_spec_the_savepoint_cannot_take_is_refused_before_anything_is_replaced
     assert main(["run", str(same), "--from-savepoint", str(path), "--redis-url", redis_server.url]) == 2
     assert "workers of job 'ctl' are registered" in capsys.readouterr().err
     assert r.get(jobs.keys.snapshot("agg", 3)) == b"state 99"
+
+
+def test_a_savepoint_with_records_in_flight_is_refused_under_another_max_parallelism_and_left_as_it_was(
+        r, plan, jobs, redis_server, tmp_path, capsys):
+    """Taken without --drain-in-flight while `agg` had records to read: a restore under 24 key groups cannot split
+    them again. It says so and what to do; the job's Redis holds the savepoint's job, under its 12 key groups."""
+    r.hset(jobs.keys.produced("src", "agg"), "5", 40)
+    path = tmp_path / "ctl.savepoint"
+    take(jobs).write(path)
+    edited = tmp_path / "ctl.yaml"
+    edited.write_text(yaml.safe_dump({**JOB, "spec": {**JOB["spec"], "maxParallelism": 24}}))
+    assert main(["run", str(edited), "--from-savepoint", str(path), "--redis-url", redis_server.url]) == 2
+    err = capsys.readouterr().err
+    assert "spec.maxParallelism: the savepoint was not taken drained (40 records from 'src' not processed by " \
+           "'agg' yet)" in err and "--drain-in-flight" in err
+    assert jobs.plan() == plan and r.hget(jobs.keys.produced("src", "agg"), "5") == b"40"

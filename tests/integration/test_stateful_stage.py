@@ -8,8 +8,8 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from streamjobs_core.keygroups import key_groups_of
 from streamjobs_core.spec import StatefulStage
+from streamjobs_core.statelog import changelog_fields, read_changes
 from streamjobs_worker.inputs import InputBatch
-from streamjobs_worker.recovery import changelog_fields, read_changes
 from streamjobs_worker.stages import Stateful, collect_both, state_frame
 from streamjobs_worker.state import KeyGroupStore, open_store
 
@@ -89,6 +89,18 @@ def test_balances_run_on_across_batches_and_a_zero_balance_deletes_the_state(spa
     assert state_of(replica.store) == state_of(store)
     out, _ = replica.process(batch([1, 2], [3, 3]), 0)
     assert balances(out) == {1: 20, 2: 3}
+
+
+def test_balances_split_again_under_another_max_parallelism_run_on(spark, split_again):
+    """Accounts' balances committed in 12 key groups, split again over 20 (a restore under another
+    maxParallelism): each account's balance is where the stage under 20 key groups looks for it."""
+    stage = Stateful(spec("running_balance"), KeyGroupStore(range(MAX_P)), MAX_P)
+    accounts = list(range(40))
+    stage.process(batch(accounts, [a * 10 + 1 for a in accounts]), 0)
+    again = Stateful(spec("running_balance"), split_again(spec("running_balance"), stage.store, 20), 20)
+    assert state_of(again.store) == {a: a * 10 + 1 for a in accounts}
+    out, _ = again.process(batch([0, 7, 39], [-1, 5, 1]), 0)
+    assert balances(out) == {0: 0, 7: 76, 39: 392}
 
 
 def test_state_keys_keep_the_key_columns_type(spark):

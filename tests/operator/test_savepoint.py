@@ -1,6 +1,6 @@
 """A StreamJob created with `spec.restoreFrom` goes on from a savepoint of an earlier one: state, offsets and
-outputs, its spec's changes applied as an edit's (a window's, with the reset-state annotation); a savepoint it
-cannot take is refused, naming the field."""
+outputs, under another maxParallelism (the savepoint taken drained), its spec's changes applied as an edit's (a
+window's, with the reset-state annotation); a savepoint it cannot take is refused, naming the field."""
 
 from __future__ import annotations
 
@@ -23,16 +23,19 @@ def test_a_job_restored_from_a_savepoint_goes_on_rescaled_and_exact(
     eventually(lambda: redis_client.xlen(out) > 30, 120, "window results")
     path = tmp_path / "saved.savepoint"
     taken = subprocess.run([sys.executable, "-m", "streamjobs.cli", "savepoint", "--job", "saved", "--redis-url",
-                            redis_server.url, "--path", str(path)], capture_output=True, text=True, timeout=60)
-    assert taken.returncode == 0, taken.stderr
+                            redis_server.url, "--path", str(path), "--drain-in-flight"], capture_output=True, text=True,
+                           timeout=60)
+    assert taken.returncode == 0 and "drained" in taken.stdout, taken.stderr
+    assert jobs.paused_at(0) is None  # the sources went on after the copy
     written = redis_client.xrange(out, count=30)
     t0 = jobs.plan().t0_ms
     kube.delete("streamjobs", NAMESPACE, "saved")  # its finalizer deletes every key of the job
     await_deleted(kube, kubelet, "saved")
     assert redis_client.xlen(out) == 0
 
-    # Restored with a longer window, which its state depends on: the annotation starts that state afresh.
-    restored = window_counts("saved", parallelism=2, restoreFrom=str(path))
+    # Restored under 16 key groups (was 12), whose state is split again, and with a longer window, which its state
+    # depends on: the annotation starts that state afresh.
+    restored = window_counts("saved", parallelism=2, restoreFrom=str(path), maxParallelism=16)
     restored["spec"]["stages"][0]["window"]["sizeMs"] = 2000
     restored["metadata"]["annotations"] = {"streamjobs.dev/reset-state": "counts"}
     job(restored)
@@ -42,7 +45,8 @@ def test_a_job_restored_from_a_savepoint_goes_on_rescaled_and_exact(
     assert "spec.stages[counts].window: live" in done[0]["changes"] and jobs.plan().resets == ("counts",)
     eventually(lambda: "streamjobs.dev/reset-state" not in (get(kube, "saved")["metadata"].get("annotations")
                                                              or {}), 30, "the annotation removed")
-    assert set(jobs.resets(1, "counts")) == set(range(12))
+    assert jobs.plan_version(1).spec.max_parallelism == 16  # the re-split is a version of its own
+    assert set(jobs.resets(2, "counts")) == set(range(16))
     assert jobs.plan().t0_ms == t0  # event time goes on from the first run's origin
     assert redis_client.xrange(out, count=30) == written
     more = redis_client.xlen(out) + 30

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from streamjobs_worker.recovery import changelog_fields, read_changes, read_snapshot
+from streamjobs_core.statelog import changelog_fields, read_changes, read_snapshot, replay
 from streamjobs_worker.state import (
     KG,
     ChangeLog,
@@ -359,8 +359,10 @@ OPS = st.lists(
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(OPS)
 def test_replaying_the_changelog_reproduces_the_state(make_store, ops: list[tuple]) -> None:
-    """Entry by entry (a standby tailing) and folded at once (a restore): both end where the live store is."""
+    """Entry by entry (a standby tailing), folded at once (a restore) and in the plain order a re-split reads
+    them (statelog.replay): all end where the live store is."""
     live, replica, restored = make_store([0, 1, 2]), make_store([0, 1, 2]), make_store([0, 1, 2])
+    plain: dict[int, pa.Table | None] = {0: None, 1: None, 2: None}
     model: dict[int, dict[tuple, int]] = {0: {}, 1: {}, 2: {}}
     bounds = {0: -1, 1: -1, 2: -1}
     log = ChangeLog()
@@ -370,6 +372,7 @@ def test_replaying_the_changelog_reproduces_the_state(make_store, ops: list[tupl
             entry = read_changes(changelog_fields(changes))
             replica.apply(kg, entry)
             log.add(kg, entry)
+            plain[kg] = replay(plain[kg], entry, WINDOWS)
 
     for op in ops:
         if op[0] == "put":
@@ -396,6 +399,8 @@ def test_replaying_the_changelog_reproduces_the_state(make_store, ops: list[tupl
         restored.apply(kg, changes)
     assert contents(replica) == model
     assert contents(restored) == model
+    assert {kg: {} if t is None else {(r["ws"], r["k"]): r["v"] for r in t.to_pylist()} for kg, t in plain.items()} \
+        == model
     assert live.drain_changes() == {}
 
 

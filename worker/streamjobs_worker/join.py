@@ -32,15 +32,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from streamjobs_core.keygroups import key_groups_of_columns
 from streamjobs_core.spec import JoinStage
+from streamjobs_core.statelog import JOIN_PREFIXES as PREFIXES
+from streamjobs_core.statelog import JOIN_STATE
 from streamjobs_core.watermarks import MAX_WATERMARK
 
 from . import phases, spark
 from .stages import _EventTimeStage, collect, view_name
-from .state import KG, KeyGroupStore, StateLayout, concat, groups_of, per_key_group, row_ids, take
+from .state import KG, KeyGroupStore, concat, groups_of, per_key_group, row_ids, take
 
-JOIN_STATE = StateLayout(key="_rid", segment="_seg")
 _RID, _SEG, _WS, _MATCHED, _LRID = "_rid", "_seg", "_ws", "_m", "_lrid"
-PREFIXES = ("l_", "r_")
 _RIGHT_COLUMN = re.compile(r"\br\s*\.\s*`?([A-Za-z_][A-Za-z0-9_]*)")
 _FAR = 2**61  # time bounds are clamped here: twice one plus one is still an int64 segment
 

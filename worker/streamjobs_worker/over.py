@@ -23,13 +23,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from streamjobs_core.keygroups import key_groups_of
 from streamjobs_core.spec import OverStage
+from streamjobs_core.statelog import OVER_STATE
 from streamjobs_core.watermarks import MIN_WATERMARK
 
 from . import phases, spark
 from .stages import _EventTimeStage, collect, view_name
-from .state import KG, KeyGroupStore, StateLayout, concat, per_key_group, row_ids, take
+from .state import KG, KeyGroupStore, concat, per_key_group, row_ids, take
 
-OVER_STATE = StateLayout(key="_rid", segment="_seg")
 _RID, _SEG, _HISTORY = "_rid", "_seg", "_h"
 _PRE = "_pre"  # on a record waiting at a live switch: the aggregations added then, comma-separated
 HISTORY, WAITING = 0, 1

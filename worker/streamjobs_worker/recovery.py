@@ -16,10 +16,9 @@ from collections.abc import Iterable
 import pyarrow as pa
 import redis
 from streamjobs_core.layout import JobKeys
+from streamjobs_core.statelog import read_changes, read_snapshot, snapshot_bytes
 
-from .state import ChangeLog, ChangeSet, KeyGroupStore, from_ipc, to_ipc
-
-_COVERED = b"covered"
+from .state import ChangeLog, KeyGroupStore
 
 
 def restore(
@@ -99,41 +98,11 @@ def snapshot(
 
 def write_snapshot(pipe, keys: JobKeys, op: str, kg: int, covered: bytes, table: pa.Table | None) -> int:
     """Queue a key group's snapshot (its rows) covering changelog entry `covered` and the trim of what it covers."""
-    data = to_ipc(pa.table({}) if table is None else table, {_COVERED: covered})
+    data = snapshot_bytes(table, covered)
     pipe.set(keys.snapshot(op, kg), data)
     pipe.hset(keys.snapshot_ids(op), str(kg), covered)
     pipe.xtrim(keys.changelog(op, kg), minid=_after(covered))
     return len(data)
-
-
-def read_snapshot(data: bytes) -> tuple[bytes, pa.Table | None]:
-    """(the last changelog id it covers, the key group's rows or None when it had none)."""
-    table = from_ipc(data)
-    covered = table.schema.metadata[_COVERED]
-    return covered, (table.replace_schema_metadata(None) if table.num_rows else None)
-
-
-def changelog_fields(changes: ChangeSet) -> dict[bytes, bytes]:
-    fields = {}
-    if changes.upserts is not None:
-        fields[b"u"] = to_ipc(changes.upserts)
-    if changes.deletes is not None:
-        fields[b"d"] = to_ipc(changes.deletes)
-    if changes.cut is not None:
-        fields[b"x"] = str(changes.cut).encode()
-    if changes.reset:
-        fields[b"r"] = b"1"
-    return fields
-
-
-def read_changes(fields: dict[bytes, bytes]) -> ChangeSet:
-    upserts, deletes, cut = fields.get(b"u"), fields.get(b"d"), fields.get(b"x")
-    return ChangeSet(
-        None if upserts is None else from_ipc(upserts),
-        None if deletes is None else from_ipc(deletes),
-        None if cut is None else int(cut),
-        b"r" in fields,
-    )
 
 
 def _after(entry_id: bytes) -> bytes:

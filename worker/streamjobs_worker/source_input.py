@@ -35,6 +35,7 @@ class SourceInput:
         self._metrics = metrics
         self.source = make_source(r, store, plan, op, owned)
         self._stop_requested = False
+        self._paused_at: int | None = None  # ms: read what is due by then and no more (a drain in progress)
         self._last_control = 0.0
         self.version = plan.version  # the plan this instance runs
         self._asked_version = plan.version  # the version a reconfiguration in progress asks for
@@ -49,17 +50,23 @@ class SourceInput:
         started = time.time()
         if started - self._last_control >= _CONTROL_EVERY_S:
             self._stop_requested = self._jobs.stop_requested()
+            self._paused_at = self._jobs.paused_at(int(started * 1000))
             reconfiguring = self._jobs.reconfigure_state()
             if reconfiguring is not None:
                 self._asked_version = reconfiguring.version
             self._last_control = started
-        if isinstance(self.source, RedisInputSource):
+        if isinstance(self.source, RedisInputSource) and self._paused_at is not None and not self._stop_requested:
+            time.sleep(block_ms / 1000)  # its offsets stay where the pause found them
+            table, watermark, waited = None, self.source.watermark(), block_ms / 1000
+        elif isinstance(self.source, RedisInputSource):
             table, watermark = self.source.poll(budget, started, self._stop_requested, block_ms)
             waited = time.time() - started if table is None else 0.0
         else:
             time.sleep(block_ms / 1000)
             waited = block_ms / 1000
-            table, watermark = self.source.poll(budget, time.time(), self._stop_requested)
+            # Paused, a generator reads on to what was due at the pause: every partition meets one global index.
+            now = time.time() if self._paused_at is None else min(time.time(), self._paused_at / 1000)
+            table, watermark = self.source.poll(budget, now, self._stop_requested)
         self._metrics.source_pending.set(self.source.pending)
         batch = InputBatch(watermark=watermark)
         polled = table.num_rows if table is not None else 0

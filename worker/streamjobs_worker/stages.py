@@ -20,10 +20,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from streamjobs_core.keygroups import key_groups_of
 from streamjobs_core.spec import StatefulStage, WindowAggregateStage
+from streamjobs_core.statelog import state_layout
 from streamjobs_core.watermarks import MAX_WATERMARK, MIN_WATERMARK
 
 from . import phases, spark
-from .state import KG, KeyGroupStore, StateLayout, groups_of, last_per_key, per_key_group, replace_rows, take
+from .state import KG, KeyGroupStore, groups_of, last_per_key, per_key_group, replace_rows, take
 
 
 def load_function(ref: str) -> Callable[..., Any]:
@@ -129,7 +130,6 @@ _MERGES = {"count": ("sum",), "sum": ("sum",), "avg": ("sum", "sum"), "min": ("m
 _LOCAL_THRESHOLD = "spark.sql.execution.arrow.localRelationThreshold"
 _LOCAL_STATE_BYTES = 4 << 20
 
-WINDOW_STATE = StateLayout(key="k", segment="ws")  # a row per key and window start; a segment per window
 _NEW = "_new"
 
 
@@ -500,23 +500,6 @@ def _unnest(table: pa.Table, name: str, df) -> pa.Table:
     column = table.column(name)
     rows = column.filter(pc.is_valid(column)).combine_chunks()
     return pa.Table.from_struct_array(rows).cast(schema) if len(rows) else schema.empty_table()
-
-
-def state_layout(spec) -> StateLayout | None:
-    """How a stage's state is laid out in its store (None: the stage keeps none)."""
-    if spec.type == "window_aggregate":
-        return WINDOW_STATE
-    if spec.type == "stateful":
-        return StateLayout(spec.key_by)
-    if spec.type == "join":
-        from .join import JOIN_STATE
-
-        return JOIN_STATE
-    if spec.type == "over":
-        from .over import OVER_STATE
-
-        return OVER_STATE
-    return None
 
 
 def make_stage(spec, store: KeyGroupStore, max_parallelism: int, r=None):

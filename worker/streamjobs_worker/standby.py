@@ -21,10 +21,10 @@ import redis
 from streamjobs_core.jobstore import JobStore
 from streamjobs_core.plan import JobPlan
 from streamjobs_core.spec import STATEFUL_TYPES
+from streamjobs_core.statelog import state_layout
 
 from . import recovery
 from .rehearsal import warm_up
-from .stages import state_layout
 from .state import KeyGroupStore, open_store
 
 _CATCH_UP_EVERY_S = 0.25

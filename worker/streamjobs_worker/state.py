@@ -25,44 +25,15 @@ import bisect
 import shutil
 import struct
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from streamjobs_core.statelog import ChangeSet, StateLayout, concat, from_ipc, to_ipc
 
 KG = "_kg"  # the key group of each row, on the tables a store and its stage exchange
 _DELETED, _SEQ = "_deleted", "_seq"
-
-
-@dataclass(frozen=True)
-class StateLayout:
-    """Which column names a row within its segment (`key`) and which int64 column is its segment, if any."""
-
-    key: str
-    segment: str | None = None
-
-    @property
-    def identity(self) -> list[str]:
-        return [self.segment, self.key] if self.segment else [self.key]
-
-    def segments_of(self, rows: pa.Table) -> np.ndarray:
-        if self.segment is None:
-            return np.zeros(rows.num_rows, dtype=np.int64)
-        return rows.column(self.segment).to_numpy()
-
-
-@dataclass(frozen=True)
-class ChangeSet:
-    """A key group's changes, applied in this order: `reset` (every row is gone: the stage's state was reset
-    by a live change), `cut` (every row whose segment is at most it is gone: the windows that fired),
-    `deletes` (the identity columns of rows gone), `upserts` (whole rows)."""
-
-    upserts: pa.Table | None = None
-    deletes: pa.Table | None = None
-    cut: int | None = None
-    reset: bool = False
 
 
 Merge = Callable[[pa.Table | None], tuple[pa.Table | None, pa.Table | None, pa.Table | None]]
@@ -100,20 +71,6 @@ def row_ids(n: int) -> pa.Array:
 def take(table: pa.Table, positions: np.ndarray) -> pa.Table:
     # An Arrow array of positions: Table.take converts a numpy one element by element.
     return table.take(pa.array(positions))
-
-
-def concat(tables: Iterable[pa.Table | None]) -> pa.Table | None:
-    present = [t for t in tables if t is not None and t.num_rows]
-    if not present:
-        return None
-    if len(present) == 1:
-        return present[0]
-    joined = pa.concat_tables(present, promote_options="permissive")
-    if all(t.schema == present[0].schema for t in present[1:]):
-        return joined
-    # Rows from before a column was gained live: permissive concat fills them with nulls but keeps the field
-    # `not null` where the newer tables declared it so, and Spark, trusting that, fails on the nulls.
-    return joined.cast(pa.schema([f.with_nullable(True) for f in joined.schema], metadata=joined.schema.metadata))
 
 
 def replace_rows(current: pa.Table | None, upserts: pa.Table | None, deletes: pa.Table | None,
@@ -265,18 +222,6 @@ class MemoryBackend:
 
     def close(self) -> None:
         self._data.clear()
-
-
-def to_ipc(table: pa.Table, metadata: dict[bytes, bytes] | None = None) -> bytes:
-    sink = pa.BufferOutputStream()
-    schema = table.schema.with_metadata(metadata) if metadata else table.schema
-    with pa.ipc.new_stream(sink, schema) as writer:
-        writer.write_table(table)
-    return sink.getvalue().to_pybytes()
-
-
-def from_ipc(data: bytes) -> pa.Table:
-    return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
 
 
 class RocksDBBackend:

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 
 import redis
 from streamjobs_core.jobstore import RedisJobStore
+from streamjobs_core.statelog import changelog_fields
 
 from . import recovery
-from .recovery import changelog_fields
 from .state import KeyGroupStore
 
 

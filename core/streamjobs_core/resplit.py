@@ -1,0 +1,206 @@
+"""Key-group re-split: a savepoint goes on under another maxParallelism.
+
+A key's key group is its hash modulo maxParallelism, so another maxParallelism sends most keys to other key
+groups: every keyed row of state, every record between operators and every generator partition would be in
+the wrong place. Flink redistributes state at a restore only within the key groups it has (its max
+parallelism is fixed for a job's life); here the state is split again by key, which only the rows'
+own key can decide (statelog.row_key_groups).
+
+It needs a savepoint taken drained (`streamjobs savepoint --drain-in-flight`): the sources paused at one
+instant, a generator's partitions then at one global index, and every record they read processed by every
+operator (each edge's records consumed as produced). Nothing is then in flight but state and watermarks:
+
+- state: each stateful stage's key groups are read (snapshot plus changelog), their rows split by the key
+  groups of their keys under the new maxParallelism, and written as one snapshot per new key group;
+- generator sources: the global index every partition reached is offsets again in the new partitioning
+  (a generator has one partition per key group); a redis_stream source's partitions are its own;
+- the streams between chains start empty, and their consumers start from what they last heard, per edge
+  (drained, every key group of an edge heard the same; were it not, the least: nothing is late that was
+  not before);
+- assignments keep each chain's parallelism, as even ranges of the new key groups.
+
+It is recorded as a plan version of its own, whose cut is every source partition's offset at the savepoint,
+so the job's history (and the oracle) sees one spec per version. Everything is written in one transaction
+after it was all read: a restore that fails half way leaves the savepoint's keys as they were.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from . import generators
+from .chaining import chains
+from .control import PartitionProgress, ReconfigureRecord
+from .jobstore import RedisJobStore
+from .keygroups import Assignment
+from .layout import JobKeys
+from .plan import JobPlan
+from .spec import StreamJob
+from .statelog import concat, read_changes, read_snapshot, replay, row_key_groups, snapshot_bytes, state_layout
+from .watermarks import MIN_WATERMARK, Runs
+
+_COVERS_NOTHING = b"0-1"  # a fresh snapshot's covered changelog id: every later entry applies on top
+
+
+class CannotResplit(ValueError):
+    """The savepoint's job cannot be split again as it is; the message says what is in the way."""
+
+
+@dataclass(frozen=True)
+class _Stream:
+    """The records of one edge between chains, per key group: written by `tail`'s workers, read by `consumer`'s."""
+
+    tail: str
+    consumer: str
+
+
+def _streams(plan: JobPlan) -> list[_Stream]:
+    return [_Stream(c.tail, consumer.name) for c in chains(plan.spec) for consumer in plan.spec.consumers(c.tail)]
+
+
+def _generators(plan: JobPlan) -> list[str]:
+    return [s.name for s in plan.spec.sources if s.type != "redis_stream"]
+
+
+def in_flight(store: RedisJobStore, plan: JobPlan) -> list[str]:
+    """What the job holds besides state and watermarks: records produced into an edge and not consumed yet, a
+    generator whose partitions are not at one global index. Empty once a paused job has drained."""
+    found = []
+    for op in _generators(plan):
+        if _frontier(store, plan, op) is None:
+            found.append(f"source '{op}': its partitions have not read up to one global index")
+    for s in _streams(plan):
+        lag = store.key_group_lag([s.tail], s.consumer, range(plan.key_groups(s.consumer)))
+        waiting = sum(n for n in lag.values() if n > 0)
+        if waiting:
+            found.append(f"{waiting} records from '{s.tail}' not processed by '{s.consumer}' yet")
+    return found
+
+
+def _frontier(store: RedisJobStore, plan: JobPlan, op: str) -> int | None:
+    """The global index below which a generator read every record and from which none, if there is one."""
+    count = plan.key_groups(op)
+    cursors = {p: int(progress.cursor) if progress else 0 for p, (progress, _) in store.partitions(op, range(count)).items()}
+    frontier = min(cursor * count + p for p, cursor in cursors.items())
+    if all(cursor == generators.local_count(p, count, frontier) for p, cursor in cursors.items()):
+        return frontier
+    return None
+
+
+def resplit(store: RedisJobStore, max_parallelism: int) -> JobPlan:
+    """Split the job's key groups again under `max_parallelism`, in one transaction; return the plan version
+    it runs from now. Raises CannotResplit, naming what is in the way, and then changes nothing."""
+    started = time.monotonic()
+    previous = store.plan()
+    plan = _under(previous, max_parallelism)
+    pending = in_flight(store, previous)
+    if pending:
+        raise CannotResplit(f"the savepoint was not taken drained ({'; '.join(pending)}): take it with "
+                            "`streamjobs savepoint --drain-in-flight` to change maxParallelism")
+    assignments = _assignments(store, previous, plan)
+    keys, old = previous.keys, previous.spec.max_parallelism
+    pipe = store.r.pipeline(transaction=True)
+    for stage in previous.spec.stages:
+        layout = state_layout(stage)
+        if layout is not None:
+            _write_state(pipe, keys, stage, old, _state_rows(store, keys, stage.name, old, layout), max_parallelism)
+    heard = {}
+    for s in _streams(previous):
+        heard.setdefault(s.consumer, {}).update(_heard(store, previous, plan, s))
+        pipe.delete(keys.produced(s.tail, s.consumer), keys.consumed(s.tail, s.consumer),
+                    *(keys.kg_stream(s.tail, s.consumer, kg) for kg in range(old)))
+    for head in previous.vertices:
+        pipe.delete(keys.versions(head))
+        pipe.hset(keys.versions(head), mapping={kg: plan.version for kg in range(plan.key_groups(head))})
+    for source in previous.spec.sources:
+        progress = store.partitions(source.name, range(previous.key_groups(source.name)))
+        store.record_cut(pipe, source.name, plan.version, {p: (step.cursor if step else 0) for p, (step, _) in
+                                                           progress.items()})
+    sources = {op: _offsets(store, previous, plan, op) for op in _generators(previous)}
+    change = f"spec.maxParallelism: {old} -> {max_parallelism} (every key group's state re-split at the restore)"
+    store.queue_resplit(pipe, previous, plan, assignments, sources, heard,
+                        ReconfigureRecord(plan.version, (change,), duration_s=time.monotonic() - started))
+    pipe.execute()
+    return plan
+
+
+def _under(previous: JobPlan, max_parallelism: int) -> JobPlan:
+    """The version after `previous`: its spec under `max_parallelism`."""
+    doc = previous.job.model_dump(mode="json", by_alias=True)
+    doc["spec"]["maxParallelism"] = max_parallelism
+    try:
+        return JobPlan(StreamJob.model_validate(doc), previous.t0_ms, previous.version + 1)
+    except ValueError as exc:
+        raise CannotResplit(f"the savepoint's spec does not hold under maxParallelism {max_parallelism}: {exc}") from None
+
+
+def _assignments(store: RedisJobStore, previous: JobPlan, plan: JobPlan) -> dict[str, Assignment]:
+    """Every chain's parallelism as it runs, over even ranges of its new key groups, under a new epoch: every key
+    group has a new meaning, and nothing committed under the old one may land."""
+    out = {}
+    for head in previous.vertices:
+        current = store.assignment(head) or previous.initial_assignment(head)
+        if current.parallelism > plan.key_groups(head):
+            raise CannotResplit(f"'{head}' runs {current.parallelism} instances, more than the "
+                                f"{plan.key_groups(head)} key groups maxParallelism {plan.spec.max_parallelism} "
+                                "gives it: rescale it first")
+        out[head] = Assignment.ranges(current.parallelism, plan.key_groups(head), current.epoch + 1)
+    return out
+
+
+def _heard(store: RedisJobStore, previous: JobPlan, plan: JobPlan, s: _Stream) -> dict[str, Runs]:
+    """The stream's new key groups, each with the least watermark any old one had committed (drained, all equal)."""
+    keys = previous.keys
+    marks = store.streams(s.consumer, [keys.kg_stream(s.tail, s.consumer, kg) for kg in range(previous.key_groups(
+        s.consumer))])
+    mark = min((m for _, runs in marks for _, _, m in (runs or ((0, 0, MIN_WATERMARK),))), default=MIN_WATERMARK)
+    width = plan.key_groups(s.tail)
+    return {keys.kg_stream(s.tail, s.consumer, kg): [(0, width - 1, mark)] for kg in range(plan.key_groups(s.consumer))}
+
+
+def _offsets(store: RedisJobStore, previous: JobPlan, plan: JobPlan, op: str) -> dict[int, PartitionProgress]:
+    """A generator's partitions under the new plan, each at the global index all the old ones had read up to."""
+    frontier, count = _frontier(store, previous, op), plan.key_groups(op)
+    return {p: PartitionProgress(generators.local_count(p, count, frontier)) for p in range(count)}
+
+
+def _state_rows(store: RedisJobStore, keys: JobKeys, op: str, key_groups: int, layout) -> pa.Table | None:
+    """Every row of a stage's state: each key group's snapshot with its changelog after it."""
+    pipe = store.r.pipeline(transaction=False)
+    for kg in range(key_groups):
+        pipe.get(keys.snapshot(op, kg))
+        pipe.xrange(keys.changelog(op, kg))
+    found = pipe.execute()
+    tables = []
+    for snapshot, entries in zip(found[::2], found[1::2]):
+        covered, rows = read_snapshot(snapshot) if snapshot is not None else (None, None)
+        for entry_id, fields in entries:
+            if covered is None or _order(entry_id) > _order(covered):
+                rows = replay(rows, read_changes(fields), layout)
+        tables.append(rows)
+    return concat(tables)
+
+
+def _write_state(pipe, keys: JobKeys, spec, old: int, rows: pa.Table | None, max_parallelism: int) -> None:
+    op = spec.name
+    pipe.delete(keys.snapshot_ids(op), *(k for kg in range(old) for k in (keys.snapshot(op, kg), keys.changelog(op, kg))))
+    if rows is None:
+        return
+    kgs = row_key_groups(spec, rows, max_parallelism)
+    order = np.argsort(kgs, kind="stable")
+    rows, kgs = rows.take(pa.array(order)), kgs[order]
+    starts = np.flatnonzero(np.r_[True, kgs[1:] != kgs[:-1]])
+    for start, end in zip(starts, np.r_[starts[1:], len(kgs)]):
+        kg = int(kgs[start])
+        pipe.set(keys.snapshot(op, kg), snapshot_bytes(rows.slice(start, end - start), _COVERS_NOTHING))
+        pipe.hset(keys.snapshot_ids(op), str(kg), _COVERS_NOTHING)
+
+
+def _order(entry_id: bytes) -> tuple[int, int]:
+    ms, seq = entry_id.split(b"-")
+    return int(ms), int(seq)
+
