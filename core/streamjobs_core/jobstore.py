@@ -489,21 +489,17 @@ class RedisJobStore:
         return [ReconfigureRecord.decode(x) for x in self.r.lrange(self.keys.reconfigure_history, start, -1)]
 
     def queue_resplit(self, pipe, previous: JobPlan, plan: JobPlan, assignments: dict[str, Assignment],
-                      sources: dict[str, dict[int, PartitionProgress]], heard: dict[str, dict[str, Runs]],
-                      record: ReconfigureRecord) -> None:
+                      heard: dict[str, dict[str, Runs]], record: ReconfigureRecord) -> None:
         """Queue on `pipe` what a re-split (resplit.py) writes of the control plane: `plan` in force after
         `previous`, every chain's assignment of the new key groups (what a rescale or a prestage left is
-        dropped: none runs), the generators' offsets in their new partitions, the consumers' streams (from
-        their start, with the watermarks they heard) and the record of the version."""
+        dropped: none runs), the consumers' streams (from their start, with the watermarks they heard) and the
+        record of the version."""
         pipe.hset(self.keys.plans, str(previous.version), previous.to_json())
         pipe.set(self.keys.plan, plan.to_json())
         for op, assignment in assignments.items():
             pipe.delete(self.keys.assignment(op), self.keys.moved(op), self.keys.releases(op), self.keys.acquired(op),
                         *self._prestage_keys(op))
             self.write_assignment(op, assignment, pipe=pipe)
-        for op, progress in sources.items():
-            pipe.delete(self.keys.offsets(op), self.keys.watermarks(op))
-            self.record_partitions(pipe, op, progress)
         for op, streams in heard.items():
             pipe.delete(self.keys.offsets(op), self.keys.watermarks(op))
             self.record_streams(pipe, op, {name: (b"0-0", runs) for name, runs in streams.items()})

@@ -39,6 +39,9 @@ class JobPlan:
     version: int = 0  # raised by every live reconfiguration (reconfigure.py); the deploy is version 0
     control: ControlEvent | None = None  # the control event this version carries to its operator's instances
     resets: tuple[str, ...] = ()  # stateful stages whose state this version starts afresh (--reset-state)
+    # Generator sources whose partitions a re-split kept (resplit.py): no longer maxParallelism's, as the
+    # offsets they committed are per partition.
+    kept_partitions: tuple[tuple[str, int], ...] = ()
 
     @property
     def name(self) -> str:
@@ -81,7 +84,8 @@ class JobPlan:
         operator has its head's."""
         operator = self.spec.operator(self.head(op))
         if operator in self.spec.sources:
-            return getattr(operator, "partitions", None) or self.spec.max_parallelism
+            kept = dict(self.kept_partitions).get(operator.name)
+            return kept or getattr(operator, "partitions", None) or self.spec.max_parallelism
         return self.spec.max_parallelism
 
     def edges_in(self, op: str) -> tuple[Edge, ...]:
@@ -98,7 +102,7 @@ class JobPlan:
         return json.dumps({"job": self.job.model_dump(mode="json", by_alias=True), "t0_ms": self.t0_ms,
                            "version": self.version,
                            "control": None if self.control is None else json.loads(self.control.encode()),
-                           "resets": list(self.resets)})
+                           "resets": list(self.resets), "kept_partitions": dict(self.kept_partitions)})
 
     @classmethod
     def from_json(cls, text: str | bytes) -> JobPlan:
@@ -106,7 +110,7 @@ class JobPlan:
         control = data.get("control")
         return cls(StreamJob.model_validate(data["job"]), int(data["t0_ms"]), int(data.get("version", 0)),
                    None if control is None else ControlEvent.decode(json.dumps(control)),
-                   tuple(data.get("resets", ())))
+                   tuple(data.get("resets", ())), tuple(data.get("kept_partitions", {}).items()))
 
 
 def edge_totals(r, keys: JobKeys, edges) -> list[tuple[int, int]]:

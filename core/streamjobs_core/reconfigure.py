@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from .chaining import chains
@@ -189,12 +189,12 @@ def _reset(name: str, old: dict, new: dict) -> Change:
 
 def _settings(key: str, old, new, restoring: bool) -> list[Change]:
     if key == "maxParallelism" and restoring:
-        return [Change("spec.maxParallelism", How.LIVE, f"{old} -> {new}: every key group's state split again at "
-                       "the restore, which needs the savepoint taken with --drain-in-flight")]
+        return [Change("spec.maxParallelism", How.LIVE, f"{old} -> {new}: every key group's state and records "
+                       "in flight split again by key at the restore")]
     if key == "maxParallelism":
         return [Change("spec.maxParallelism", How.REFUSED, "it maps keys to other key groups: take a savepoint "
-                       "with `streamjobs savepoint --drain-in-flight` and go on from it under the new value, "
-                       "which splits the state again")]
+                       "(`streamjobs savepoint`) and go on from it under the new value, which splits the state "
+                       "again")]
     if key in ("batching", "rescale", "controlHandlers"):
         return [Change(f"spec.{key}.{f}", How.LIVE) for f in _changed_fields(old, new)]
     if key == "state":
@@ -344,7 +344,8 @@ class ReconfigureController:
         version = running.version + 1
         state = ReconfigureState(version, time.time(), tuple(c.describe() for c in changes.live), request)
         # Parallelism stays the running one: the rescale that follows changes it, through its own controller.
-        new = JobPlan(_with_parallelism(job, running.job), running.t0_ms, version, resets=tuple(reset))
+        new = JobPlan(_with_parallelism(job, running.job), running.t0_ms, version, resets=tuple(reset),
+                      kept_partitions=running.kept_partitions)
         added = {op: new.spec.operator(op).parallelism for op in new.vertices if op not in running.vertices}
         fleet = restart or self._fleet
         if (added or set(running.vertices) - set(new.vertices)) and fleet is None:
@@ -389,7 +390,7 @@ class ReconfigureController:
             return record
         state = ReconfigureState(running.version + 1, time.time(), (f"control {event.name} -> {event.operator}",),
                                  event.id)
-        self._store.publish_plan(JobPlan(running.job, running.t0_ms, state.version, event), state)
+        self._store.publish_plan(replace(running, version=state.version, control=event, resets=()), state)
         self._await(state, self._fleet)
         return next(r for r in reversed(self._store.control_history()) if r.event.id == event.id)
 

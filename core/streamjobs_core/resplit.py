@@ -1,23 +1,23 @@
 """Key-group re-split: a savepoint goes on under another maxParallelism.
 
 A key's key group is its hash modulo maxParallelism, so another maxParallelism sends most keys to other key
-groups: every keyed row of state, every record between operators and every generator partition would be in
-the wrong place. Flink redistributes state at a restore only within the key groups it has (its max
-parallelism is fixed for a job's life); here the state is split again by key, which only the rows'
-own key can decide (statelog.row_key_groups).
-
-It needs a savepoint taken drained (`streamjobs savepoint --drain-in-flight`): the sources paused at one
-instant, a generator's partitions then at one global index, and every record they read processed by every
-operator (each edge's records consumed as produced). Nothing is then in flight but state and watermarks:
+groups: every keyed row of state and every record between operators would be in the wrong place. Flink
+redistributes state at a restore only within the key groups it has (its max parallelism is fixed for a
+job's life); here everything keyed is split again by its key (statelog.row_key_groups for state rows, the
+edge's routing key for records), in the savepoint as it was taken, running or stopped:
 
 - state: each stateful stage's key groups are read (snapshot plus changelog), their rows split by the key
   groups of their keys under the new maxParallelism, and written as one snapshot per new key group;
-- generator sources: the global index every partition reached is offsets again in the new partitioning
-  (a generator has one partition per key group); a redis_stream source's partitions are its own;
-- the streams between chains start empty, and their consumers start from what they last heard, per edge
-  (drained, every key group of an edge heard the same; were it not, the least: nothing is late that was
-  not before);
-- assignments keep each chain's parallelism, as even ranges of the new key groups.
+- records between chains that their consumers had not read: routed again as their producers would route
+  them now, into the new key groups' streams, which the consumers read from their start;
+- watermarks: per edge, every new key group starts from the least watermark the old ones had heard, and
+  records in flight carry it too. A key group whose watermark was ahead fired its windows up to it, and its
+  producers had promised nothing earlier, so no on-time record meets a window that fired; and none is late
+  that was not before. (`savepoint --drain-in-flight` makes them all equal first: then which records are
+  late is exactly as it would have been.)
+- sources keep their partitions and offsets: a generator's are pinned to the count it had
+  (JobPlan.kept_partitions), as a redis_stream source's are its own;
+- assignments keep each chain's parallelism, as even ranges of the new key groups, under a new epoch.
 
 It is recorded as a plan version of its own, whose cut is every source partition's offset at the savepoint,
 so the job's history (and the oracle) sees one spec per version. Everything is written in one transaction
@@ -34,14 +34,15 @@ import pyarrow as pa
 
 from . import generators
 from .chaining import chains
-from .control import PartitionProgress, ReconfigureRecord
+from .codec import decode, encode
+from .control import ReconfigureRecord
 from .jobstore import RedisJobStore
-from .keygroups import Assignment
+from .keygroups import Assignment, key_groups_of_columns
 from .layout import JobKeys
 from .plan import JobPlan
 from .spec import StreamJob
 from .statelog import concat, read_changes, read_snapshot, replay, row_key_groups, snapshot_bytes, state_layout
-from .watermarks import MIN_WATERMARK, Runs
+from .watermarks import MIN_WATERMARK
 
 _COVERS_NOTHING = b"0-1"  # a fresh snapshot's covered changelog id: every later entry applies on top
 
@@ -97,10 +98,6 @@ def resplit(store: RedisJobStore, max_parallelism: int) -> JobPlan:
     started = time.monotonic()
     previous = store.plan()
     plan = _under(previous, max_parallelism)
-    pending = in_flight(store, previous)
-    if pending:
-        raise CannotResplit(f"the savepoint was not taken drained ({'; '.join(pending)}): take it with "
-                            "`streamjobs savepoint --drain-in-flight` to change maxParallelism")
     assignments = _assignments(store, previous, plan)
     keys, old = previous.keys, previous.spec.max_parallelism
     pipe = store.r.pipeline(transaction=True)
@@ -110,9 +107,19 @@ def resplit(store: RedisJobStore, max_parallelism: int) -> JobPlan:
             _write_state(pipe, keys, stage, old, _state_rows(store, keys, stage.name, old, layout), max_parallelism)
     heard = {}
     for s in _streams(previous):
-        heard.setdefault(s.consumer, {}).update(_heard(store, previous, plan, s))
-        pipe.delete(keys.produced(s.tail, s.consumer), keys.consumed(s.tail, s.consumer),
-                    *(keys.kg_stream(s.tail, s.consumer, kg) for kg in range(old)))
+        names = [keys.kg_stream(s.tail, s.consumer, kg) for kg in range(old)]
+        progress = store.streams(s.consumer, names)
+        mark = min((m for _, runs in progress for _, _, m in (runs or ((0, 0, MIN_WATERMARK),))),
+                   default=MIN_WATERMARK)
+        width = plan.key_groups(s.tail)
+        news = [keys.kg_stream(s.tail, s.consumer, kg) for kg in range(max_parallelism)]
+        heard.setdefault(s.consumer, {}).update({name: [(0, width - 1, mark)] for name in news})
+        records = _unread(store, names, [cursor for cursor, _ in progress])
+        pipe.delete(keys.produced(s.tail, s.consumer), keys.consumed(s.tail, s.consumer), *names)
+        edge = next(e for e in plan.edges_in(s.consumer) if e.upstream == s.tail)
+        for kg, part in _routed(records, edge.key_by, max_parallelism):
+            pipe.xadd(news[kg], encode(part, mark, [(0, width - 1)]))
+            pipe.hset(keys.produced(s.tail, s.consumer), str(kg), part.num_rows)
     for head in previous.vertices:
         pipe.delete(keys.versions(head))
         pipe.hset(keys.versions(head), mapping={kg: plan.version for kg in range(plan.key_groups(head))})
@@ -120,22 +127,23 @@ def resplit(store: RedisJobStore, max_parallelism: int) -> JobPlan:
         progress = store.partitions(source.name, range(previous.key_groups(source.name)))
         store.record_cut(pipe, source.name, plan.version, {p: (step.cursor if step else 0) for p, (step, _) in
                                                            progress.items()})
-    sources = {op: _offsets(store, previous, plan, op) for op in _generators(previous)}
     change = f"spec.maxParallelism: {old} -> {max_parallelism} (every key group's state re-split at the restore)"
-    store.queue_resplit(pipe, previous, plan, assignments, sources, heard,
+    store.queue_resplit(pipe, previous, plan, assignments, heard,
                         ReconfigureRecord(plan.version, (change,), duration_s=time.monotonic() - started))
     pipe.execute()
     return plan
 
 
 def _under(previous: JobPlan, max_parallelism: int) -> JobPlan:
-    """The version after `previous`: its spec under `max_parallelism`."""
+    """The version after `previous`: its spec under `max_parallelism`, its generators' partitions kept."""
     doc = previous.job.model_dump(mode="json", by_alias=True)
     doc["spec"]["maxParallelism"] = max_parallelism
     try:
-        return JobPlan(StreamJob.model_validate(doc), previous.t0_ms, previous.version + 1)
+        job = StreamJob.model_validate(doc)
     except ValueError as exc:
         raise CannotResplit(f"the savepoint's spec does not hold under maxParallelism {max_parallelism}: {exc}") from None
+    kept = tuple((op, previous.key_groups(op)) for op in _generators(previous))
+    return JobPlan(job, previous.t0_ms, previous.version + 1, kept_partitions=kept)
 
 
 def _assignments(store: RedisJobStore, previous: JobPlan, plan: JobPlan) -> dict[str, Assignment]:
@@ -152,20 +160,31 @@ def _assignments(store: RedisJobStore, previous: JobPlan, plan: JobPlan) -> dict
     return out
 
 
-def _heard(store: RedisJobStore, previous: JobPlan, plan: JobPlan, s: _Stream) -> dict[str, Runs]:
-    """The stream's new key groups, each with the least watermark any old one had committed (drained, all equal)."""
-    keys = previous.keys
-    marks = store.streams(s.consumer, [keys.kg_stream(s.tail, s.consumer, kg) for kg in range(previous.key_groups(
-        s.consumer))])
-    mark = min((m for _, runs in marks for _, _, m in (runs or ((0, 0, MIN_WATERMARK),))), default=MIN_WATERMARK)
-    width = plan.key_groups(s.tail)
-    return {keys.kg_stream(s.tail, s.consumer, kg): [(0, width - 1, mark)] for kg in range(plan.key_groups(s.consumer))}
+def _unread(store: RedisJobStore, names: list[str], cursors: list[bytes | None]) -> pa.Table | None:
+    """The records written into these streams after their consumer's cursors (heartbeats carry none)."""
+    pipe = store.r.pipeline(transaction=False)
+    for name, cursor in zip(names, cursors):
+        pipe.xrange(name, min=b"(" + cursor if cursor is not None else b"-")
+    tables = []
+    for name, entries in zip(names, pipe.execute()):
+        for entry_id, fields in entries:
+            entry = decode(fields)
+            if entry.marker is not None or entry.barrier is not None:
+                raise CannotResplit(f"{name} holds a rescale's marker or a reconfiguration's barrier (entry "
+                                    f"{entry_id.decode()}): a savepoint is taken between changes")
+            tables.append(entry.table)
+    return concat(tables)
 
 
-def _offsets(store: RedisJobStore, previous: JobPlan, plan: JobPlan, op: str) -> dict[int, PartitionProgress]:
-    """A generator's partitions under the new plan, each at the global index all the old ones had read up to."""
-    frontier, count = _frontier(store, previous, op), plan.key_groups(op)
-    return {p: PartitionProgress(generators.local_count(p, count, frontier)) for p in range(count)}
+def _routed(records: pa.Table | None, key_by: tuple[str, ...] | None, max_parallelism: int):
+    """(key group, records) as a producer routes them under `max_parallelism` (outputs.py): by key, or spread."""
+    if records is None:
+        return []
+    if key_by is None:
+        size = -(-records.num_rows // max_parallelism)
+        return [(kg, records.slice(kg * size, size)) for kg in range(max_parallelism) if kg * size < records.num_rows]
+    kgs = key_groups_of_columns(records, key_by, max_parallelism)
+    return [(kg, records.filter(pa.array(kgs == kg))) for kg in np.unique(kgs).tolist()]
 
 
 def _state_rows(store: RedisJobStore, keys: JobKeys, op: str, key_groups: int, layout) -> pa.Table | None:

@@ -14,9 +14,9 @@ which their callers await from the run they asked.
 A rescale or a reconfiguration in progress is refused: its controller lives in the process that runs the
 job, not in Redis, and the copy would carry it half done.
 
-Taken drained (`--drain-in-flight`: the sources paused, every record they read processed), a savepoint holds
-nothing in flight but state and watermarks, and may go on under another maxParallelism: the restore splits
-the key groups again (resplit.py).
+A savepoint may go on under another maxParallelism: the restore splits the key groups again (resplit.py).
+Taken with `--drain-in-flight` (the sources paused, every record they read processed), it holds no record
+between operators, and every key group of an edge has heard the same watermark.
 """
 
 from __future__ import annotations

@@ -507,8 +507,8 @@ def main(argv: list[str] | None = None) -> int:
                            help="stop the job at its last commits first (as `streamjobs stop`), then copy")
     savepoint.add_argument("--drain-in-flight", action="store_true",
                            help="pause the sources first and wait until every record they read went through every "
-                           "operator (windows stay open); such a savepoint can go on under another maxParallelism. "
-                           "Without --stop the sources go on after the copy")
+                           "operator (windows stay open), so the copy holds nothing in flight and every key group "
+                           "of an edge the same watermark. Without --stop the sources go on after the copy")
     savepoint.add_argument("--wait", type=float, default=120.0,
                            help="--stop, --drain-in-flight: seconds to wait for the workers")
     savepoint.set_defaults(func=_savepoint)

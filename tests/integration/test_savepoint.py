@@ -8,6 +8,7 @@ import yaml
 from streamjobs.cli import main
 from streamjobs_core.control import InstanceAddress, ReconfigureRecord, ReconfigureState
 from streamjobs_core.jobstore import RedisJobStore
+from streamjobs_core.keygroups import Assignment
 from streamjobs_core.savepoint import Savepoint, SavepointError, restore, take
 
 from ..jobs.control import JOB
@@ -124,17 +125,16 @@ def test_a_spec_the_savepoint_cannot_take_is_refused_before_anything_is_replaced
     assert r.get(jobs.keys.snapshot("agg", 3)) == b"state 99"
 
 
-def test_a_savepoint_with_records_in_flight_is_refused_under_another_max_parallelism_and_left_as_it_was(
+def test_a_restore_the_key_groups_cannot_take_is_refused_and_leaves_the_savepoints_job(
         r, plan, jobs, redis_server, tmp_path, capsys):
-    """Taken without --drain-in-flight while `agg` had records to read: a restore under 24 key groups cannot split
-    them again. It says so and what to do; the job's Redis holds the savepoint's job, under its 12 key groups."""
-    r.hset(jobs.keys.produced("src", "agg"), "5", 40)
+    """Rescaled to 3 `agg` instances when the savepoint was taken, the job cannot go on under 2 key groups: the
+    restore says so and what to do, and the job's Redis holds the savepoint's job, under its 12 key groups."""
+    jobs.write_assignment("agg", Assignment.ranges(3, 12, epoch=2))
     path = tmp_path / "ctl.savepoint"
     take(jobs).write(path)
     edited = tmp_path / "ctl.yaml"
-    edited.write_text(yaml.safe_dump({**JOB, "spec": {**JOB["spec"], "maxParallelism": 24}}))
+    edited.write_text(yaml.safe_dump({**JOB, "spec": {**JOB["spec"], "maxParallelism": 2}}))
     assert main(["run", str(edited), "--from-savepoint", str(path), "--redis-url", redis_server.url]) == 2
-    err = capsys.readouterr().err
-    assert "spec.maxParallelism: the savepoint was not taken drained (40 records from 'src' not processed by " \
-           "'agg' yet)" in err and "--drain-in-flight" in err
-    assert jobs.plan() == plan and r.hget(jobs.keys.produced("src", "agg"), "5") == b"40"
+    assert "spec.maxParallelism: 'agg' runs 3 instances, more than the 2 key groups maxParallelism 2 gives it: " \
+           "rescale it first" in capsys.readouterr().err
+    assert jobs.plan() == plan and jobs.assignment("agg").parallelism == 3

@@ -50,7 +50,7 @@ def test_a_new_query_a_where_and_batching_change_live():
     ("count__aggregations", [{"function": "sum", "column": "n", "as": "n"}], "state depends on it"),
     ("words__vocabulary", 10, "source's settings"),
     ("state__backend", "rocksdb", "where the state lives"),
-    ("spec__maxParallelism", 24, "--drain-in-flight"),
+    ("spec__maxParallelism", 24, "take a savepoint"),
 ])
 def test_changes_the_state_or_the_graph_depend_on_are_refused_naming_the_field(field, value, words):
     base = job()

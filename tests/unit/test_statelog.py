@@ -47,5 +47,5 @@ def test_max_parallelism_changes_at_a_restore_and_is_refused_live_saying_how():
     new = old.model_copy(update={"spec": old.spec.model_copy(update={"max_parallelism": 20})})
     [live] = diff(old, new).changes
     [restoring] = diff(old, new, restoring=True).changes
-    assert live.how is How.REFUSED and "--drain-in-flight" in live.reason
+    assert live.how is How.REFUSED and "streamjobs savepoint" in live.reason
     assert restoring.how is How.LIVE and restoring.reason.startswith("12 -> 20")
