@@ -429,33 +429,24 @@ def _versioned_source(r: redis.Redis, plans: list[JobPlan], op: str, cuts: dict[
     spec = plan.spec.operator(op)
     if spec.type == "redis_stream":
         return external_input(r, plan, op, [cuts[v] for v in switches], first)
-    # Where each version starts, as the global indices read before it: a cut is in the partitions of the
-    # version it switched from (a re-split changes a generator's partition count, resplit.py).
-    read = [np.zeros(0, dtype=np.int64)]
-    for v in switches:
-        count = plans[v - 1].key_groups(op)
-        missing = [p for p in range(count) if (op, p) not in cuts[v]]
-        if missing:
-            raise Unverifiable(f"{op}: partition {missing[0]} never switched to plan version {v}")
-        read.append(_read_below(count, {p: int(cuts[v][(op, p)]) for p in range(count)}))
     count = plan.key_groups(op)
     committed = RedisJobStore(r, plan.name).partitions(op, range(count))
-    read.append(_read_below(count, {p: int(progress.cursor) if progress else 0 for p, (progress, _) in committed.items()}))
     shed = shed_indices(r, plan, op) if spec.load_shedding is not None else None
+    bounds = {}  # per partition: the offsets where each version starts, and the end of its committed input
+    for p, (progress, _) in committed.items():
+        missing = [v for v in switches if (op, p) not in cuts[v]]
+        if missing:
+            raise Unverifiable(f"{op}: partition {p} never switched to plan version {missing[0]}")
+        bounds[p] = [0, *(int(cuts[v][(op, p)]) for v in switches), int(progress.cursor) if progress else 0]
     tables = []
     for i in range(len(switches) + 1):
-        indices = np.setdiff1d(read[i + 1], read[i], assume_unique=True)
+        parts = [generators.global_indices(p, count, edges[i], edges[i + 1]) for p, edges in bounds.items()]
+        indices = np.sort(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
         if shed is not None:
             indices = np.setdiff1d(indices, shed, assume_unique=True)
         table = generators.generate(spec, plan.t0_ms, indices)
         tables.append(table.append_column("_v", pa.array(np.full(table.num_rows, first + i, dtype=np.int32))))
     return pa.concat_tables(tables)
-
-
-def _read_below(count: int, cursors: dict[int, int]) -> np.ndarray:
-    """The global indices a generator of `count` partitions read before these offsets, ascending."""
-    parts = [generators.global_indices(p, count, 0, cursor) for p, cursor in cursors.items()]
-    return np.sort(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
 
 
 def canonical(value: Any) -> Any:
