@@ -208,6 +208,35 @@ class InputRetention(_Model):
         return 0 if self.mode == "trim" else 600_000 if self.ms is None else self.ms
 
 
+# Event times a record may carry: ms since the epoch that Spark's microsecond timestamps hold with room for
+# window arithmetic (about +-285,000 years).
+MIN_EVENT_TIME = -(2**53)
+MAX_EVENT_TIME = 2**53
+
+
+class InputLimits(_Model):
+    """Bounds on what producers may send a redis_stream source. What passes one is dead-lettered with the bound
+    named (and the entry's ID, so the original can be looked up while the retention keeps it), never read whole
+    or decoded whole; the rest of the input goes on."""
+
+    max_entry_bytes: int = Field(
+        32 * 2**20, ge=1, description="An entry whose field names and values add up to more bytes is dead-lettered "
+        "unread (32 MiB by default).",
+    )
+    max_payload_rows: int = Field(
+        1_000_000, ge=1, description="format arrow: a payload of more rows is dead-lettered undecoded.",
+    )
+    max_payload_bytes: int = Field(
+        256 * 2**20, ge=1, description="format arrow: a payload whose buffers decompress to more bytes is "
+        "dead-lettered undecoded (a compression bomb never reaches memory; 256 MiB by default).",
+    )
+    max_future_skew_ms: int | None = Field(
+        300_000, ge=0, description="eventTimeField: a record stamped more than this ahead of Redis's clock when it "
+        "is read is dead-lettered and moves no watermark (5 minutes by default, as Kafka bounds timestamps after "
+        "the broker's clock); null: no bound.",
+    )
+
+
 class RedisStreamSource(_Operator):
     """Records that external producers XADD to `sj:{job}:in:<name>:<partition>`."""
 
@@ -233,6 +262,7 @@ class RedisStreamSource(_Operator):
     out_of_order_ms: int = Field(0, ge=0, le=60_000)
     load_shedding: LoadShedding | None = None
     retention: InputRetention = InputRetention()
+    limits: InputLimits = InputLimits()
 
     @field_validator("schema_")
     @classmethod
@@ -598,6 +628,11 @@ class BatchingSettings(_Model):
     )
     max_lag_records: int = Field(
         1_000_000, ge=1, description="Backpressure: a producer pauses while an output edge holds more unconsumed records."
+    )
+    max_bytes: int = Field(
+        64 * 2**20, ge=1024, description="Largest batch in bytes read: a redis_stream source reads no entry past it "
+        "(an entry alone may be larger, up to the source's limits.maxEntryBytes); an instance reading kg streams "
+        "shrinks its read to stay under it.",
     )
 
     @model_validator(mode="after")
