@@ -231,9 +231,9 @@ class InputLimits(_Model):
         "dead-lettered undecoded (a compression bomb never reaches memory; 256 MiB by default).",
     )
     max_future_skew_ms: int | None = Field(
-        300_000, ge=0, description="eventTimeField: a record stamped more than this ahead of Redis's clock when it "
-        "is read is dead-lettered and moves no watermark (5 minutes by default, as Kafka bounds timestamps after "
-        "the broker's clock); null: no bound.",
+        300_000, ge=0, description="eventTimeField: a record stamped more than this ahead of its entry ID's time "
+        "(when it was XADDed) is dead-lettered and moves no watermark (5 minutes by default, as Kafka bounds "
+        "timestamps ahead of the broker's clock); null: no bound.",
     )
 
 
@@ -415,6 +415,12 @@ class StatefulStage(_Stage):
     type: Literal["stateful"]
     function: str
     state_schema: str = Field(min_length=1, description="Spark DDL of the state columns, e.g. 'seen long'.")
+    outputs: Literal["per_batch", "per_record"] = Field(
+        "per_batch", description="per_record: the rows the function emits for a record do not depend on which "
+        "other records share its batch (e.g. one row per record, or per key first seen), so a run's output can be "
+        "checked against the function run once over all input; per_batch: they may (e.g. one row per key and "
+        "batch), and a run's verification checks the final state per key instead.",
+    )
 
     @field_validator("function")
     @classmethod
@@ -733,6 +739,27 @@ class RescaleSettings(_Model):
     )
 
 
+class RestartSettings(_Model):
+    """What happens when a worker dies: it restarts from its last commit, after a delay that doubles with every
+    death that follows soon after a start (as Flink's exponential-delay restart strategy); an input position a
+    worker keeps dying at is quarantined; past maxAttempts the job fails, naming the operator, cause and position."""
+
+    initial_backoff_ms: int = Field(1000, ge=0, description="Delay before the first restart of a worker.")
+    max_backoff_ms: int = Field(60_000, ge=0, description="The longest delay between two restarts.")
+    backoff_multiplier: float = Field(2.0, ge=1, description="Each further restart waits this much longer.")
+    reset_backoff_threshold_ms: int = Field(
+        60_000, ge=0, description="A worker that ran this long before dying starts the count (and delay) afresh.",
+    )
+    max_attempts: int = Field(
+        10, ge=1, description="Restarts of one worker in a row (each dying before resetBackoffThresholdMs) after "
+        "which the job fails.",
+    )
+    quarantine_after: int = Field(
+        3, ge=1, description="Starts at the same input position after which that position's entries are "
+        "processed one at a time and an entry a worker then dies on is dead-lettered with the cause.",
+    )
+
+
 class RedisSettings(_Model):
     url: str | None = Field(None, description="redis:// or rediss:// URL; default: the runtime's own Redis.")
     password_secret: str | None = Field(None, description="Kubernetes Secret holding key 'password'.")
@@ -754,6 +781,7 @@ class StreamJobSpec(_Model):
     batching: BatchingSettings = BatchingSettings()
     autoscaler: AutoscalerSettings = AutoscalerSettings()
     rescale: RescaleSettings = RescaleSettings()
+    restarts: RestartSettings = RestartSettings()
     redis: RedisSettings = RedisSettings()
     control_handlers: HandlerRefs = Field(
         (),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from streamjobs_core.deadletters import DeadLetter, Kind
 from streamjobs_core.spec import BatchingSettings, SqlStage, WindowAggregateStage
 from streamjobs_core.watermarks import MAX_WATERMARK
 from streamjobs_worker.inputs import InputBatch
@@ -46,7 +47,7 @@ def test_handovers_bad_entries_and_the_end_of_input_run_at_once():
     pacing = Pacing(BATCHING, WINDOW, is_source=False)
     pacing.ran(batch(0, {0: 500}), 0.1, now=0.0)
     assert pacing.due(batch(0, {0: 500}), releasing=True, now=0.01)
-    assert pacing.due(batch(0, {0: 500}, bad=[("s", b"1-0", "undecodable", "")]), False, now=0.01)
+    assert pacing.due(batch(0, {0: 500}, bad=[DeadLetter.of("op", Kind.UNDECODABLE, "undecodable", None, "s", b"1-0")]), False, now=0.01)
     assert pacing.due(batch(0, {0: MAX_WATERMARK}), False, now=0.01)
 
 

@@ -8,7 +8,6 @@ dead letters and late records, so the job still shows every operator.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +15,7 @@ from typing import Any
 import msgpack
 import pyarrow as pa
 from streamjobs_core.chaining import Chain
+from streamjobs_core.deadletters import DeadLetter, Kind
 from streamjobs_core.plan import JobPlan
 from streamjobs_core.spec import STATEFUL_TYPES
 
@@ -145,9 +145,8 @@ class OperatorChain:
         else:
             output, out_watermark, rejected = poison.process(stage, batch, watermark)
             for bad in rejected:
-                record = json.dumps(bad.record, default=str)
-                dead_letter(txn, self._plan, member.op, f"{bad.upstream}>{member.op}", b"", bad.error, record,
-                            member.metrics)
+                letter = DeadLetter.of(member.op, Kind.REJECTED, bad.error, bad.record, f"{bad.upstream}>{member.op}")
+                dead_letter(txn, self._plan, letter, member.metrics)
         if stage.late_records:
             member.metrics.late_records.inc(stage.late_records)
             stage.late_records = 0
@@ -165,11 +164,9 @@ class OperatorChain:
         txn.xadd(self._plan.keys.latency_samples, {"t": int(now_ms), "l": msgpack.packb(sample)}, 20_000)
 
 
-def dead_letter(txn: Transaction, plan: JobPlan, op: str, stream: str, entry_id: bytes, error: str, record: str,
-                metrics: WorkerMetrics) -> None:
+def dead_letter(txn: Transaction, plan: JobPlan, letter: DeadLetter, metrics: WorkerMetrics) -> None:
     """A record the operator could not take, with why: into the dead-letter stream, counted per operator."""
     keys = plan.keys
-    txn.xadd(keys.dead_letter, {"operator": op, "stream": stream, "id": entry_id, "error": error, "record": record},
-             100_000)
-    txn.hincrby(keys.dead_letter_totals, op, 1)
+    txn.xadd(keys.dead_letter, letter.encode(), 100_000)
+    txn.hincrby(keys.dead_letter_totals, letter.operator, 1)
     metrics.dead_letters.inc()

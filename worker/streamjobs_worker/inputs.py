@@ -34,6 +34,7 @@ import numpy as np
 import pyarrow as pa
 import redis
 from streamjobs_core.codec import DecodeError, decode
+from streamjobs_core.deadletters import DeadLetter, Kind
 from streamjobs_core.jobstore import JobStore
 from streamjobs_core.plan import Edge, JobPlan
 from streamjobs_core.watermarks import MIN_WATERMARK, runs_of
@@ -65,8 +66,8 @@ class InputBatch:
     records: int = 0
     entries: int = 0
     full: bool = False
-    # (stream, entry id, error, record as JSON or "") of what could not be decoded: dead-lettered with the batch
-    bad: list[tuple[str, bytes, str, str]] = field(default_factory=list)
+    # what could not be read or decoded: dead-lettered with the batch
+    bad: list[DeadLetter] = field(default_factory=list)
     watermark: int = MIN_WATERMARK  # the instance's input watermark after this batch
     waited_s: float = 0.0  # time the read spent waiting for records to fall due (idle, not busy)
     post: InputBatch | None = None  # written after their producers' reconfiguration barriers: the next plan's
@@ -288,7 +289,7 @@ class StreamInput:
             try:
                 entry = decode(fields)
             except DecodeError as exc:
-                batch.bad.append((stream.key, entry_id, str(exc), ""))
+                batch.bad.append(DeadLetter.of(self._op, Kind.UNDECODABLE, str(exc), None, stream.key, entry_id))
                 continue
             if entry.marker is not None:
                 if entry.marker != self._instance:  # one naming this instance is a resumed controller's repeat

@@ -7,12 +7,12 @@ long, so a record that arrives wakes it.
 
 from __future__ import annotations
 
-import json
 import time
 
 import pyarrow as pa
 import redis
 from streamjobs_core import shedding
+from streamjobs_core.deadletters import DeadLetter, Kind
 from streamjobs_core.jobstore import JobStore
 from streamjobs_core.plan import JobPlan
 
@@ -76,7 +76,8 @@ class SourceInput:
             table = self._shed(table, load_shedding)
         if table is not None and table.num_rows:
             batch.tables[self._op] = [table]
-        batch.bad = [(stream, entry_id, error, json.dumps(record)) for stream, entry_id, error, record in self.source.bad]
+        batch.bad = [DeadLetter.of(self._op, Kind.UNDECODABLE, error, record, stream, entry_id)
+                     for stream, entry_id, error, record in self.source.bad]
         self.source.bad.clear()
         batch.watermarks = self.key_group_watermarks()
         batch.waited_s = waited

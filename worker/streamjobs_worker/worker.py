@@ -172,8 +172,8 @@ class Worker:
         self._pending = None
         began = time.monotonic()
         txn = Transaction()
-        for stream, entry_id, error, record in batch.bad:
-            dead_letter(txn, self.plan, self.op, stream, entry_id, error, record, self.metrics)
+        for letter in batch.bad:
+            dead_letter(txn, self.plan, letter, self.metrics)
         watermark = self._process(batch, txn)
         records = batch.records
         if switch_to is not None:
