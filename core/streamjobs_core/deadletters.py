@@ -21,9 +21,13 @@ _CUT = " ... [cut: {size:,} bytes in all]"
 class Kind(StrEnum):
     UNDECODABLE = "undecodable"  # an input entry (or a record in it) that does not decode against its format
     OVERSIZE = "oversize"  # past one of the source's limits: not read or not decoded whole
+    FUTURE = "future"  # stamped further ahead of its entry's time than the source's limits.maxFutureSkewMs
     REJECTED = "rejected"  # a stage failed on it alone (onError: dead_letter)
     LATE = "late"  # behind its key group's watermark: the window or join it belonged to had moved on
     QUARANTINED = "quarantined"  # a worker kept dying at it
+
+
+_KINDS = {kind.value for kind in Kind}
 
 
 @dataclass(frozen=True)
@@ -38,9 +42,10 @@ class DeadLetter:
 
     @classmethod
     def of(cls, operator: str, kind: Kind, error: str, record: Any = None, stream: str = "",
-           entry_id: bytes = b"") -> DeadLetter:
-        """A dead letter for `record` (a dict, a string or bytes), its preview bounded."""
-        text, size = preview(record)
+           entry_id: bytes = b"", size: int | None = None) -> DeadLetter:
+        """A dead letter for `record` (a dict, a string or bytes), its preview bounded; `size`: the record's
+        in full, where `record` is only a part of it."""
+        text, size = preview(record, size=size)
         return cls(operator, kind, error[:ERROR_CHARS], stream, entry_id, text, size)
 
     def encode(self) -> dict[str, bytes | str]:
@@ -49,8 +54,9 @@ class DeadLetter:
 
     @classmethod
     def decode(cls, fields: dict[bytes, bytes]) -> DeadLetter:
-        text = {k.decode(): v.decode("utf-8", "replace") for k, v in fields.items()}
-        return cls(text.get("operator", ""), Kind(text.get("kind", Kind.REJECTED.value)), text.get("error", ""),
+        text = {k.decode("utf-8", "replace"): v.decode("utf-8", "replace") for k, v in fields.items()}
+        kind = text.get("kind", "")
+        return cls(text.get("operator", ""), Kind(kind) if kind in _KINDS else Kind.REJECTED, text.get("error", ""),
                    text.get("stream", ""), fields.get(b"id", b""), text.get("record", ""),
                    int(text.get("size") or 0))
 
@@ -60,11 +66,21 @@ class DeadLetter:
         return not self.record.endswith(_CUT.format(size=self.size))
 
 
-def preview(record: Any, limit: int = PREVIEW_BYTES) -> tuple[str, int]:
-    """(the record as text, at most `limit` UTF-8 bytes plus a note of what was cut; its size in full).
+def preview(record: Any, limit: int = PREVIEW_BYTES, size: int | None = None) -> tuple[str, int]:
+    """(the record as text, at most `limit` UTF-8 bytes plus a note of what was cut; its size in full, or
+    `size` where the record given is only a part).
 
     A dict is shown as JSON (non-text values as their str), bytes are decoded with replacement. Only the first
     `limit` bytes of a long record are ever escaped, so a huge one costs no more than its preview."""
+    text, measured = _text(record, limit)
+    full = measured if size is None else max(size, measured)
+    encoded = text.encode("utf-8", "replace")
+    if len(encoded) <= limit and full <= limit:
+        return text, full
+    return encoded[:limit].decode("utf-8", "ignore") + _CUT.format(size=full), full
+
+
+def _text(record: Any, limit: int) -> tuple[str, int]:
     if record is None:
         return "", 0
     if isinstance(record, bytes):
@@ -74,16 +90,20 @@ def preview(record: Any, limit: int = PREVIEW_BYTES) -> tuple[str, int]:
         size = len(record.encode("utf-8", "replace")) if len(record) <= limit else len(record)
         text = record[: limit + 4]
     elif isinstance(record, dict):
-        # Values cut before they are escaped: only what the preview can show is ever copied.
+        # Values cut before they are escaped, and no more fields than the preview can show: only what it
+        # shows is ever copied.
         size = sum(_size(k) + _size(v) for k, v in record.items())
-        text = json.dumps({str(k): _head(v, limit) for k, v in record.items()}, default=str, ensure_ascii=False)
+        shown, room = {}, limit
+        for k, v in record.items():
+            if room <= 0:
+                break
+            shown[str(k)[:limit]] = head = _head(v, limit)
+            room -= len(str(k)) + (len(head) if isinstance(head, str) else 8)
+        text = json.dumps(shown, default=str, ensure_ascii=False)
     else:
         text = json.dumps(record, default=str, ensure_ascii=False)
         size = len(text.encode("utf-8", "replace"))
-    encoded = text.encode("utf-8", "replace")
-    if len(encoded) <= limit and size <= limit:
-        return text, size
-    return encoded[:limit].decode("utf-8", "ignore") + _CUT.format(size=size), size
+    return text, size
 
 
 def _size(value: Any) -> int:
@@ -100,3 +120,25 @@ def _head(value: Any, limit: int) -> Any:
     if isinstance(value, str):
         return value[: limit + 4]
     return value
+
+
+def read_all(r, stream: str, chunk: int = 10_000) -> list[DeadLetter]:
+    """Every dead letter the stream (a job's `dead_letter` key) still holds, oldest first."""
+    letters: list[DeadLetter] = []
+    after = "-"
+    while True:
+        part = r.xrange(stream, min=after, count=chunk)
+        letters.extend(DeadLetter.decode(fields) for _, fields in part)
+        if len(part) < chunk:
+            return letters
+        after = "(" + part[-1][0].decode()
+
+
+def totals(r, key: str) -> dict[str, dict[str, int]]:
+    """Per operator and kind: records dead-lettered, all time (the totals hash, `<op>:<kind>` fields)."""
+    out: dict[str, dict[str, int]] = {}
+    for field, count in r.hgetall(key).items():
+        op, _, kind = field.decode().partition(":")
+        if kind:
+            out.setdefault(op, {})[kind] = int(count)
+    return out

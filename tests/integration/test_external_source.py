@@ -168,7 +168,7 @@ def test_consumed_input_is_trimmed_when_the_retention_says_and_unconsumed_input_
     restarted.restore()
     table, _ = restarted.poll(1_000, time.time(), False)
     assert table.column("n").to_pylist() == [n for n in range(400, 500) if n % BAD_EVERY]
-    assert [bad[1] for bad in restarted.bad] == [ids[n] for n in range(400, 500, BAD_EVERY)]
+    assert [bad.entry_id for bad in restarted.bad] == [ids[n] for n in range(400, 500, BAD_EVERY)]
 
 
 def test_ingest_time_and_event_time_are_the_entry_ids_time_and_idle_partitions_follow_redis_clock(r):
@@ -251,3 +251,56 @@ def test_a_paused_source_reads_nothing_more_while_what_it_read_drains_and_reads_
         source.step()
         sink.step()
     assert output(r, plan) == [n for n in range(200) if n % BAD_EVERY]
+
+
+def test_a_bounded_read_returns_an_entry_past_the_size_limit_as_its_size_and_stops_at_the_byte_budget(r):
+    from streamjobs_worker.external import Oversize, StreamReader
+
+    r.xadd("s", {"a": "1"}, id="1-0")
+    r.xadd("s", {"big": b"\xff" * 5000}, id="2-0")
+    r.xadd("s", {"b": "x" * 600}, id="3-0")
+    r.xadd("s", {"c": "y" * 600}, id="4-0")
+    read = StreamReader(r, max_entry_bytes=4096, max_bytes=1024).read({"s": b"0-0"}, 10)
+    [(name, entries)] = read.streams
+    assert name == b"s" and [entry_id for entry_id, _ in entries] == [b"1-0", b"2-0", b"3-0"] and read.cut
+    assert entries[0][1] == [b"a", b"1"]
+    assert entries[1][1] == Oversize(5003, [b"big", b"\xff" * 5000])  # its size in full, its head shown
+    assert abs(read.server_ms - time.time() * 1000) < 5000
+    rest = StreamReader(r, 4096, 1024).read({"s": b"3-0"}, 10)
+    assert [entry_id for entry_id, _ in rest.streams[0][1]] == [b"4-0"] and not rest.cut
+    r.xadd("s", {"last": "1"}, id="18446744073709551615-18446744073709551615")
+    end = StreamReader(r, 4096, 1024).read({"s": b"18446744073709551615-18446744073709551615"}, 10, block_ms=10)
+    assert end.streams == [(b"s", [])]  # nothing can follow the largest ID; no error either
+
+
+def test_a_source_reads_past_every_hostile_entry_and_dead_letters_each_with_its_reason(r):
+    """Entries that crashed a worker or were read in part (issue 30), each among good records, read by the real
+    source from a real redis-server: the good records all arrive, each bad entry is a dead letter."""
+    plan = deploy(r, job("hostile-read", partitions=1, format="arrow", limits={"maxEntryBytes": 2**20}))
+    stream = plan.keys.input_stream("in", 0)
+
+    def payload(table: pa.Table) -> bytes:
+        return encode_table(table)
+
+    good = [pa.table({"user": [f"u{n}"], "amount": [n / 2], "n": pa.array([n], pa.int64())}) for n in range(6)]
+    r.xadd(stream, {"data": payload(good[0])})
+    r.xadd(stream, {"data": payload(pa.Table.from_arrays([pa.array(["a"]), pa.array(["b"])], names=["user", "user"]))})
+    r.xadd(stream, {"data": payload(good[1])})
+    r.xadd(stream, {"data": payload(good[2])[:-8]})  # no end-of-stream marker
+    r.xadd(stream, {"data": b"\xff" * (3 * 2**20)})  # past maxEntryBytes: never read whole
+    r.xadd(stream, {"data": payload(good[3])})
+    r.xadd(stream, {"data": payload(good[4]), "extra": b"\xc3\x28"})
+    r.xadd(stream, {"data": payload(good[5])})
+    r.xadd(stream, {"data": payload(good[5])}, id="9223372036854775808-0")
+    source = RedisInputSource(r, RedisJobStore(r, plan.name), plan, "in", (0,))
+    source.restore()
+    table, _ = source.poll(1000, time.time(), False)
+    assert table.column("n").to_pylist() == [0, 1, 3, 4, 5]
+    reasons = {bad.entry_id: (bad.kind.value, bad.error) for bad in source.bad}
+    assert len(reasons) == 4 and source.offsets()[0] == b"9223372036854775808-0"  # read past all of them
+    found = sorted(reasons.values())
+    assert [kind for kind, _ in found] == ["oversize", "undecodable", "undecodable", "undecodable"]
+    assert "3,145,732 bytes, over limits.maxEntryBytes" in found[0][1]
+    assert any("column 'user' more than once" in error for _, error in found)
+    assert any("end-of-stream marker" in error for _, error in found)
+    assert any("its time is past" in error for _, error in found)

@@ -44,7 +44,7 @@ def _suspects(docs: list[bytes], schema: pa.Schema) -> np.ndarray:
     n = len(docs)
     try:
         parsed = json.loads(b"[" + b",".join(docs) + b"]", parse_constant=_refuse)
-    except ValueError:  # a malformed document: parse each on its own (this batch is going to the dead letters)
+    except (ValueError, RecursionError):  # a malformed or deep document: each on its own (dead letters follow)
         parsed = list(map(_load, docs))
     values = np.fromiter(parsed, dtype=object, count=n)
     kinds = np.frompyfunc(type, 1, 1)(values)
@@ -80,7 +80,7 @@ def _refuse(constant: str):
 def _load(doc: bytes):
     try:
         return json.loads(doc, parse_constant=_refuse)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
 
 
@@ -130,6 +130,8 @@ def _json_error(doc: bytes, schema: pa.Schema, exc: Exception) -> str:
         value = json.loads(doc)
     except ValueError as error:
         return f"not a JSON document: {error}"
+    except RecursionError:
+        return "nested too deeply to be checked (Python's parser gives up): not a document of the schema"
     if not isinstance(value, dict):
         return f"not a JSON object but {type(value).__name__}"
     for field in schema:

@@ -12,7 +12,6 @@ import time
 import pyarrow as pa
 import redis
 from streamjobs_core import shedding
-from streamjobs_core.deadletters import DeadLetter, Kind
 from streamjobs_core.jobstore import JobStore
 from streamjobs_core.plan import JobPlan
 
@@ -67,6 +66,9 @@ class SourceInput:
             # Paused, a generator reads on to what was due at the pause: every partition meets one global index.
             now = time.time() if self._paused_at is None else min(time.time(), self._paused_at / 1000)
             table, watermark = self.source.poll(budget, now, self._stop_requested)
+        return self._batch(table, watermark, waited)
+
+    def _batch(self, table: pa.Table | None, watermark: int, waited: float) -> InputBatch:
         self._metrics.source_pending.set(self.source.pending)
         batch = InputBatch(watermark=watermark)
         polled = table.num_rows if table is not None else 0
@@ -76,12 +78,26 @@ class SourceInput:
             table = self._shed(table, load_shedding)
         if table is not None and table.num_rows:
             batch.tables[self._op] = [table]
-        batch.bad = [DeadLetter.of(self._op, Kind.UNDECODABLE, error, record, stream, entry_id)
-                     for stream, entry_id, error, record in self.source.bad]
+        batch.bad = list(self.source.bad)
         self.source.bad.clear()
         batch.watermarks = self.key_group_watermarks()
         batch.waited_s = waited
         return batch
+
+    @property
+    def isolates(self) -> bool:
+        return isinstance(self.source, RedisInputSource)
+
+    def positions(self) -> dict[str, bytes]:
+        return self.source.positions()
+
+    def read_one(self, stream: str) -> InputBatch:
+        started = time.time()
+        table, watermark = self.source.poll(1, started, self._stop_requested, only=self.source.partition_of(stream))
+        return self._batch(table, watermark, 0.0)
+
+    def skip(self, stream: str, entry_id: bytes) -> dict:
+        return self.source.skip(stream, entry_id)
 
     @property
     def behind(self) -> bool:

@@ -18,6 +18,7 @@ import pyarrow as pa
 import redis
 from streamjobs_core import generators, shedding
 from streamjobs_core.control import PartitionProgress
+from streamjobs_core.deadletters import DeadLetter
 from streamjobs_core.jobstore import JobStore
 from streamjobs_core.plan import JobPlan
 from streamjobs_core.spec import RedisStreamSource
@@ -82,7 +83,7 @@ class GeneratorSource(_PartitionedSource):
         self._stopped = False
         self.behind = False  # the last poll left due records for the next one
         self.pending = 0  # records due and not yet emitted: the autoscaler's view of the source's backlog
-        self.bad: list[tuple[str, bytes, str, dict]] = []  # generated records are never undecodable
+        self.bad: list[DeadLetter] = []  # generated records are never undecodable
         self.ranges: shedding.Ranges = []  # the last poll's records: what a shed log entry names
 
     def _resume(self, partition: int, progress: PartitionProgress | None, mark: int | None) -> None:
@@ -140,6 +141,9 @@ class GeneratorSource(_PartitionedSource):
         """Per owned partition: the offset it reads on from (what the next commit records)."""
         return {p: self._next[p] for p in self._partitions}
 
+    def positions(self) -> dict[str, bytes]:
+        return {f"{self._op}/{p}": b"%d-0" % self._next[p] for p in self._partitions}
+
     @property
     def finished(self) -> bool:
         return self.watermark() == MAX_WATERMARK
@@ -166,7 +170,7 @@ class RedisInputSource(_PartitionedSource):
         self._op = op
         self._spec: RedisStreamSource = plan.spec.operator(op)
         self._decoder = external.Decoder(self._spec)
-        self._reader = external.StreamReader(r)
+        self._reader = external.StreamReader(r, self._spec.limits.max_entry_bytes, plan.spec.batching.max_bytes)
         self._streams = {p: plan.keys.input_stream(op, p) for p in range(self._spec.partitions)}
         self._partition_of = {name.encode(): p for p, name in self._streams.items()}
         self._partitions = tuple(partitions)
@@ -176,7 +180,7 @@ class RedisInputSource(_PartitionedSource):
         self._kept: dict[int, deque[tuple[int, float, bytes]]] = {}  # retention by time: (bucket, committed, cursor)
         self._moved: set[int] = set()
         self._now = time.time()
-        self.bad: list[tuple[str, bytes, str, dict]] = []
+        self.bad: list[DeadLetter] = []  # what the last polls could not take, to be dead-lettered
         self._stopped = False
         self.behind = False
         self.pending = 0  # measured only for load shedding, and only when a read came back full
@@ -211,25 +215,27 @@ class RedisInputSource(_PartitionedSource):
     def shed_ids(self, mask: np.ndarray) -> list[tuple[int, bytes]]:
         return self._last.ids_of(np.flatnonzero(mask))
 
-    def poll(self, budget: int, now: float, stop_requested: bool, block_ms: int = 0) -> tuple[pa.Table | None, int]:
+    def poll(self, budget: int, now: float, stop_requested: bool, block_ms: int = 0,
+             only: int | None = None) -> tuple[pa.Table | None, int]:
         """Records that arrived (at most about budget; an Arrow entry's records come whole) and the watermark
-        after them; `block_ms` > 0 waits that long for a first entry."""
+        after them; `block_ms` > 0 waits that long for a first entry. `only`: that partition alone."""
         self._stopped |= stop_requested
         if self._stopped:
             return None, MAX_WATERMARK
         if not self._partitions:
             return None, self.watermark()
         self._now = now
-        streams = {self._streams[p]: self._cursor[p] for p in self._partitions}
+        read_from = self._partitions if only is None else (only,)
+        streams = {self._streams[p]: self._cursor[p] for p in read_from}
         count = max(1, budget // len(streams))
-        server_ms, reply = self._reader.read(streams, count, block_ms)
+        read = self._reader.read(streams, count, block_ms)
         ids: list[bytes] = []
         fields: list = []
         parts: list[int] = []
         sizes: list[int] = []
         full: set[int] = set()
         self.ranges = []
-        for name, entries in reply:  # per stream; the entries themselves are gathered whole
+        for name, entries in read.streams:  # per stream; the entries themselves are gathered whole
             if not entries:
                 continue
             p = self._partition_of[name if isinstance(name, bytes) else name.encode()]
@@ -243,22 +249,26 @@ class RedisInputSource(_PartitionedSource):
             fields.extend(map(itemgetter(1), entries))
             parts.append(p)
             sizes.append(len(entries))
+        if read.cut:  # the byte budget ended the read: no stream may count as read to its end
+            full.update(read_from)
         self.behind = bool(full)
         decoded = self._decoder.decode(ids, fields)
         entry_partition = np.repeat(np.array(parts, dtype=np.int64), sizes)
         self._last = _Rows(entry_partition, ids, decoded.entry, decoded.row)
-        for i, error, record in decoded.bad:
-            p = int(entry_partition[i])
-            self.bad.append((self._streams[p], ids[i], error, record))
+        for bad in decoded.bad:
+            p = int(entry_partition[bad.entry])
+            self.bad.append(DeadLetter.of(self._op, bad.kind, bad.error, bad.record, self._streams[p], ids[bad.entry],
+                                         bad.size))
             self._counts[p].records += 1
-        self._advance(decoded, entry_partition, server_ms, full)
+        self._advance(decoded, entry_partition, read.server_ms, set(read_from) - full)
         self.pending = 0
         if self.behind and self._spec.load_shedding and ids:
             self.pending = int(self._backlog() * decoded.records / len(ids))
         return decoded.table, self.watermark()
 
-    def _advance(self, decoded: external.Decoded, entry_partition: np.ndarray, server_ms: int, full: set[int]) -> None:
-        """Records consumed and watermarks, per partition."""
+    def _advance(self, decoded: external.Decoded, entry_partition: np.ndarray, server_ms: int,
+                 read_to_end: set[int]) -> None:
+        """Records consumed and watermarks, per partition; `read_to_end`: the partitions read to their end."""
         ooo = self._spec.out_of_order_ms
         if decoded.table is not None:
             row_partition = entry_partition[decoded.entry]
@@ -272,9 +282,8 @@ class RedisInputSource(_PartitionedSource):
         if self._spec.event_time_field is None:
             # Every entry added before the read's clock reading was read (the read was not full): a later one
             # gets an ID, hence an event time, of that reading or later.
-            for p in self._partitions:
-                if p not in full:
-                    self._marks[p] = max(self._marks[p], server_ms - 1 - ooo)
+            for p in read_to_end:
+                self._marks[p] = max(self._marks[p], server_ms - 1 - ooo)
 
     def _backlog(self) -> int:
         """Entries added and not consumed yet, all partitions."""
@@ -290,6 +299,26 @@ class RedisInputSource(_PartitionedSource):
     def offsets(self) -> dict[int, bytes]:
         """Per owned partition: the last entry read (what the next commit records)."""
         return dict(self._cursor)
+
+    def positions(self) -> dict[str, bytes]:
+        return {self._streams[p]: self._cursor[p] for p in self._partitions}
+
+    def partition_of(self, stream: str) -> int:
+        return self._partition_of[stream.encode()]
+
+    def skip(self, stream: str, entry_id: bytes) -> dict:
+        """Step past the partition's next entry unprocessed (quarantined); its fields, for the dead letter."""
+        p = self.partition_of(stream)
+        read = self._reader.range({stream: (self._cursor[p], entry_id)}, 1)
+        shown: dict = {}
+        for _, entries in read.streams:
+            for _, fields in entries:
+                shown = fields.record() if isinstance(fields, external.Oversize) else external.fields_of(fields)
+        self._cursor[p] = entry_id
+        self._counts[p].position += 1
+        self._counts[p].records += 1
+        self._moved.add(p)
+        return shown
 
     def add_progress(self, txn: Transaction) -> None:
         progress = {p: PartitionProgress(self._cursor[p], self._counts[p].records, self._counts[p].position,
