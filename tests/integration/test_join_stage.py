@@ -14,6 +14,8 @@ from streamjobs_worker.inputs import InputBatch
 from streamjobs_worker.join import IntervalJoin, WindowJoin, make_join
 from streamjobs_worker.state import ChangeLog, KeyGroupStore, open_store
 
+from tests.integration.late import late_rows
+
 MAX_P = 12
 
 
@@ -105,7 +107,8 @@ def test_late_rows_are_dropped_and_counted(spark):
     sales = pa.table({"seller": [1, 1], "amount": [5, 6], "event_time": [900, 2600]})
     assert logic.process(InputBatch(tables={"people": [people]}, records=2), 2000)[0] is None
     out, _ = logic.process(InputBatch(tables={"sales": [sales]}, records=2), MAX_WATERMARK)
-    assert logic.late_records == 1  # the sale at 900: its window [0, 1000) fired at watermark 2000
+    [(sale, reason)] = late_rows(logic)  # the sale at 900: its window [0, 1000) fired at watermark 2000
+    assert sale["amount"] == 5 and "its last window [0, 1000) had fired" in reason
     assert pairs(out) == Counter({(1, "b", 1, 6, 2000): 1})
 
 
@@ -255,7 +258,8 @@ def test_an_interval_join_drops_rows_behind_the_watermark(spark):
     assert logic.process(InputBatch(tables={"people": [people]}, records=1), 2400)[0] is None
     sales = pa.table({"seller": [1, 1], "amount": [5, 6], "event_time": [2300, 2600]})
     out, _ = logic.process(InputBatch(tables={"sales": [sales]}, records=2), 2450)
-    assert logic.late_records == 1  # the sale at 2300, behind the watermark 2400
+    [(sale, reason)] = late_rows(logic)  # the sale at 2300, behind the watermark 2400
+    assert sale["amount"] == 5 and "event time 2300 is behind" in reason and "(watermark 2400)" in reason
     assert timed_pairs(out) == Counter({(1, "a", 1, 6, 2600): 1})
 
 
@@ -264,3 +268,27 @@ def test_an_input_without_its_key_column_is_refused_naming_the_join_the_input_an
     people = pa.table({"id": [1], "name": ["x"], "event_time": [10]})
     with pytest.raises(ValueError, match="j: input 'people' has no column 'pid'"):
         logic.process(InputBatch(tables={"people": [people]}, records=1), 100)
+
+
+@pytest.mark.parametrize("kind,how", [({"kind": "interval", "lowerMs": 0, "upperMs": 1000}, "inner"),
+                                      ({"kind": "interval", "lowerMs": 0, "upperMs": 1000}, "left"),
+                                      ({"kind": "regular", "ttlMs": 1000}, "left"),
+                                      ({"window": {"type": "tumbling", "sizeMs": 1000}}, "inner"),
+                                      ({"window": {"type": "tumbling", "sizeMs": 1000}}, "left")])
+def test_a_side_whose_rows_come_first_alone_waits_for_the_other_and_they_meet(spark, kind, how):
+    """A new instance's first batches hold only one side's rows (no row of the other side stored yet, nor its
+    columns ever seen): nothing to match, nothing to raise; the rows wait and meet the other side later."""
+    for first, then in (("sales", "people"), ("people", "sales")):
+        logic = make_join(join(how=how, **kind), KeyGroupStore(range(MAX_P)), MAX_P)
+        logic.restore()
+        tables = {"people": pa.table({"pid": [1, 2], "name": ["a", "b"], "event_time": [100, 150]}),
+                  "sales": pa.table({"seller": [1, 1], "amount": [5, 6], "event_time": [200, 300]})}
+        out, _ = logic.process(InputBatch(tables={first: [tables[first]]}, records=2), 50)
+        assert out is None
+        out, _ = logic.process(InputBatch(tables={then: [tables[then]]}, records=2), 60)
+        out2, _ = logic.process(InputBatch(), MAX_WATERMARK)
+        rows = [r for part in (out, out2) if part is not None for r in part.to_pylist()]
+        met = sorted((r["l_name"], r["r_amount"]) for r in rows if r["r_amount"] is not None)
+        assert met == [("a", 5), ("a", 6)], (first, rows)
+        unmatched = sorted(r["l_name"] for r in rows if r["r_amount"] is None)
+        assert unmatched == (["b"] if how == "left" else [])

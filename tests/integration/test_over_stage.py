@@ -13,6 +13,8 @@ from streamjobs_worker.inputs import InputBatch
 from streamjobs_worker.over import HISTORY, WAITING, Over
 from streamjobs_worker.state import ChangeLog, KeyGroupStore
 
+from tests.integration.late import late_rows
+
 MAX_P = 12
 ROWS = 4
 
@@ -77,7 +79,7 @@ def test_each_record_is_aggregated_with_its_keys_last_rows_in_event_time_whateve
                 logic.store.apply(kg, changes)
             logic.restore(dict.fromkeys(range(MAX_P), hi - 500))
     got += results(logic.process(InputBatch(), MAX_WATERMARK)[0])
-    assert logic.late_records == 0
+    assert late_rows(logic) == []
     assert got == brute_force(data)
     for kg in logic.store.key_groups:
         assert logic.store.read([kg], WAITING) is None, "every record went out"
@@ -98,7 +100,7 @@ def test_history_and_waiting_records_split_again_under_another_max_parallelism_g
     again.restore(dict.fromkeys(range(20), 2000))
     got += results(again.process(batch_between(data, 3000, 9700, 500), 9200)[0])
     got += results(again.process(InputBatch(), MAX_WATERMARK)[0])
-    assert again.late_records == 0
+    assert late_rows(again) == []
     assert got == brute_force(data)
 
 
@@ -109,7 +111,8 @@ def test_a_record_behind_the_watermark_is_dropped_and_counted(spark):
     assert results(out) == Counter({(1, 1, 10.0, 1, 10): 1})
     late = pa.table({"seller": [1, 1], "sale": [2, 3], "price": [20, 30], "event_time": [1400, 1600]})
     out, _ = logic.process(InputBatch(tables={"sales": [late]}, records=2), MAX_WATERMARK)
-    assert logic.late_records == 1
+    [(sale, reason)] = late_rows(logic)
+    assert sale["sale"] == 2 and "event time 1400 is behind" in reason
     assert results(out) == Counter({(1, 3, 20.0, 2, 30): 1})
 
 

@@ -169,10 +169,13 @@ def test_windows_get_the_good_records_and_fire_once(spark):
     assert [(r["k"], r["window_start"], r["c"]) for r in output.to_pylist()] == [("a", 1000, 1)]
 
 
-def test_a_query_wrong_for_every_record_fails_the_batch(spark):
-    stage = sql_stage("SELECT k, CAST(k AS INT) AS n FROM input")
-    with pytest.raises(poison.BatchFailed, match="all 3 records"):
-        poison.process(stage, batch(k=["a", "b", "c"]), 0)
+def test_a_batch_whose_every_record_fails_a_cast_dead_letters_every_record_in_few_runs(spark):
+    """onError: dead_letter is a promise per record, also when no record of a batch takes the cast."""
+    stage = Counted(sql_stage("SELECT k, CAST(k AS INT) AS n FROM input"))
+    output, _, rejected = poison.process(stage, batch(k=[f"x{i}" for i in range(1500)]), 0)
+    assert output is None and sorted(r.record["k"] for r in rejected) == sorted(f"x{i}" for i in range(1500))
+    assert all("CAST" in r.error for r in rejected)
+    assert stage.calls <= 4  # one probe of Spark's error finds them all: not a run per record
 
 
 def test_a_query_spark_cannot_plan_fails_the_batch_at_once(spark):

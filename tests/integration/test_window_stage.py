@@ -14,6 +14,8 @@ from streamjobs_worker.inputs import InputBatch
 from streamjobs_worker.stages import WindowAggregate
 from streamjobs_worker.state import KeyGroupStore, open_store
 
+from tests.integration.late import late_rows
+
 MAX_P = 12
 
 
@@ -83,7 +85,8 @@ def test_late_records_are_dropped_and_counted_lateness_delays_firing(spark):
     out, _ = logic.process(batch(["a"], [5], [950]), 1600)  # within lateness: counted, then fires
     assert rows(out) == {("a", 0): (3, 8, 8 / 3, 1, 5)}
     out, _ = logic.process(batch(["a", "b"], [7, 1], [10, 1700]), 1650)
-    assert logic.late_records == 1
+    [(record, reason)] = late_rows(logic)
+    assert (record["v"], record["event_time"]) == (7, 10) and "window [0, 1000) had fired" in reason
     assert out is None
     out, _ = logic.process(InputBatch(), MAX_WATERMARK)
     assert rows(out) == {("b", 1000): (1, 1, 1.0, 1, 1)}
@@ -96,7 +99,9 @@ def test_late_records_of_sliding_windows_are_counted_once_and_only_when_the_filt
     # At watermark 2500 every window of t=100 and t=1400 has fired (last ends 1250 / 2500); t=1600's last
     # window [1500, 2500) too; t=2000's last window [2000, 3000) has not. v=0 is filtered out: never late.
     out, _ = logic.process(batch(["a", "a", "a", "a", "b"], [1, 2, 3, 4, 0], [100, 1400, 1600, 2000, 100]), 2500)
-    assert logic.late_records == 3
+    late = late_rows(logic)
+    assert sorted(record["event_time"] for record, _ in late) == [100, 1400, 1600]  # each once, v=0 never
+    assert "its last window [1500, 2500) had fired" in dict((r["event_time"], why) for r, why in late)[1600]
     out, _ = logic.process(InputBatch(), MAX_WATERMARK)
     counts = {ws: n for (k, ws), (n, *_rest) in rows(out).items() if k == "a"}
     # t=2000's windows [1750, 2750) and [2000, 3000) count it; its fired ones [1250, 2250), [1500, 2500) do not.
@@ -137,7 +142,7 @@ def test_a_key_group_taken_over_behind_the_others_fires_and_drops_by_its_own_wat
     lagging = batch(["b", "b"], [2, 3], [1500, 2100])
     lagging.watermarks = {ahead: 5000, behind: 1900}
     out, _ = logic.process(lagging, 1900)
-    assert logic.late_records == 0
+    assert late_rows(logic) == []
     assert out is None  # its windows end at 2000 and 3000, past its watermark 1900: not yet
     caught_up = InputBatch(watermarks={ahead: 5000, behind: 3000})
     out, _ = logic.process(caught_up, 3000)
@@ -149,7 +154,7 @@ def test_a_key_group_taken_over_behind_the_others_fires_and_drops_by_its_own_wat
     late = batch(["a"], [9], [4200])
     late.watermarks = {ahead: 5000}
     logic.process(late, 5000)
-    assert logic.late_records == 1  # the key group that stayed keeps its own watermark
+    assert [r["v"] for r, _ in late_rows(logic)] == [9]  # the key group that stayed keeps its own watermark
 
 
 def test_results_keep_their_columns_types_and_nulls_merge_across_batches(spark):

@@ -13,7 +13,7 @@ from streamjobs_worker.inputs import InputBatch
 
 
 class Picky:
-    """Doubles `v`; raises on a batch holding a negative `v` (or on every batch when broken)."""
+    """Doubles `v`; raises on a batch holding a negative `v` (or on every record when broken)."""
 
     def __init__(self, broken: bool = False) -> None:
         self.broken = broken
@@ -22,7 +22,7 @@ class Picky:
     def process(self, batch: InputBatch, watermark: int):
         self.calls.append((batch.records, watermark))
         values = [v for u in batch.tables for v in batch.table(u).column("v").to_pylist()]
-        if self.broken or any(v < 0 for v in values):
+        if (self.broken and values) or any(v < 0 for v in values):
             raise ValueError(f"cannot take {min(values)}")
         return (pa.table({"v": [2 * v for v in values]}) if values else None), watermark
 
@@ -66,10 +66,11 @@ def test_group_testing_costs_far_fewer_runs_than_halving_the_batch() -> None:
     assert len(stage.calls) <= 100
 
 
-def test_a_stage_that_fails_on_every_record_is_not_a_records_fault() -> None:
+def test_a_stage_that_fails_on_every_record_dead_letters_each() -> None:
     stage = Picky(broken=True)
-    with pytest.raises(poison.BatchFailed, match="all 64 records of the batch fail on their own: ValueError"):
-        poison.process(stage, make_batch(("a", list(range(64)))), 700)
+    output, _, rejected = poison.process(stage, make_batch(("a", list(range(64)))), 700)
+    assert output is None and sorted(r.record["v"] for r in rejected) == list(range(64))
+    assert all(r.error.startswith("ValueError") for r in rejected)
     assert len(stage.calls) <= 64 + 8  # once it meets only bad records it tests each alone (halving: 127)
 
 

@@ -23,7 +23,7 @@ from . import phases, poison
 from .inputs import InputBatch
 from .metrics import WorkerMetrics
 from .sinks import make_sink
-from .stages import make_stage
+from .stages import build_stage
 from .state import KeyGroupStore
 from .transaction import Transaction
 
@@ -58,7 +58,7 @@ class OperatorChain:
             member.sink = make_sink(self._plan, op, self._instance)
         elif operator in spec.stages:
             # Only a head can hold keyed state: a chained member is stateless (chaining.forward).
-            member.stage = make_stage(operator, self._store, spec.max_parallelism, self._r)
+            member.stage = build_stage(operator, self._store, spec.max_parallelism, self._r)
         return member
 
     def switch(self, plan: JobPlan) -> dict[str, tuple[dict[int, int], int]]:
@@ -77,7 +77,7 @@ class OperatorChain:
             if member.op in plan.resets and member.stage is not None:
                 watermarks = member.stage.watermarks()  # what fired before: late records stay late
                 dropped = self._store.reset()
-                member.stage = make_stage(operator, self._store, plan.spec.max_parallelism, self._r)
+                member.stage = build_stage(operator, self._store, plan.spec.max_parallelism, self._r)
                 member.stage.restore(watermarks)
                 member.spec = operator
                 reset[member.op] = (watermarks, dropped)
@@ -89,7 +89,7 @@ class OperatorChain:
             elif member.stage is not None and operator.type in STATEFUL_TYPES:
                 member.stage.reconfigure(operator)
             elif member.stage is not None:
-                member.stage = make_stage(operator, self._store, plan.spec.max_parallelism, self._r)
+                member.stage = build_stage(operator, self._store, plan.spec.max_parallelism, self._r)
             member.spec = operator
         return reset
 
@@ -147,9 +147,12 @@ class OperatorChain:
             for bad in rejected:
                 letter = DeadLetter.of(member.op, Kind.REJECTED, bad.error, bad.record, f"{bad.upstream}>{member.op}")
                 dead_letter(txn, self._plan, letter, member.metrics)
-        if stage.late_records:
-            member.metrics.late_records.inc(stage.late_records)
-            stage.late_records = 0
+        for late in stage.late:
+            member.metrics.late_records.inc(late.rows.num_rows)
+            for record, reason in zip(late.rows.to_pylist(), late.reasons):
+                letter = DeadLetter.of(member.op, Kind.LATE, reason, record, f"{late.upstream}>{member.op}")
+                dead_letter(txn, self._plan, letter, member.metrics)
+        stage.late.clear()
         return output, out_watermark
 
     def _observe_latency(self, member: _Member, table: pa.Table, txn: Transaction) -> None:
@@ -169,4 +172,5 @@ def dead_letter(txn: Transaction, plan: JobPlan, letter: DeadLetter, metrics: Wo
     keys = plan.keys
     txn.xadd(keys.dead_letter, letter.encode(), 100_000)
     txn.hincrby(keys.dead_letter_totals, letter.operator, 1)
+    txn.hincrby(keys.dead_letter_totals, f"{letter.operator}:{letter.kind.value}", 1)
     metrics.dead_letters.inc()

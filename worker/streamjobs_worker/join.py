@@ -37,7 +37,7 @@ from streamjobs_core.statelog import JOIN_STATE
 from streamjobs_core.watermarks import MAX_WATERMARK
 
 from . import phases, spark
-from .stages import _EventTimeStage, collect, view_name
+from .stages import LateRecords, _EventTimeStage, collect, view_name
 from .state import KG, KeyGroupStore, concat, groups_of, per_key_group, row_ids, take
 
 _RID, _SEG, _WS, _MATCHED, _LRID = "_rid", "_seg", "_ws", "_m", "_lrid"
@@ -110,6 +110,13 @@ class _Join(_EventTimeStage):
         rows = rows.append_column(_RID, row_ids(rows.num_rows))
         return rows, kgs, times.to_numpy().astype(np.int64)
 
+    def _late(self, side: int, table: pa.Table, late: np.ndarray, kgs: np.ndarray, why) -> LateRecords:
+        """A side's late rows as they came, each with why (`why(i)`) and its key group's watermark."""
+        rows = np.flatnonzero(late)
+        return LateRecords(self.spec.inputs[side], table.take(pa.array(rows)), [
+            f"late: {why(i)} in key group {kgs[i]} (watermark {self._fired_before(int(kgs[i]))})"
+            for i in rows.tolist()])
+
     def _insert(self, rows: pa.Table, segments: np.ndarray, kgs: np.ndarray) -> None:
         rows = rows.append_column(_SEG, pa.array(segments)).append_column(KG, pa.array(kgs))
         for segment, positions in groups_of(segments):
@@ -176,24 +183,27 @@ class WindowJoin(_Join):
 
     def process(self, batch, watermark: int) -> tuple[pa.Table | None, int]:
         before = self._bounds()
+        late: list[LateRecords] = []
         if batch.records:
             with phases.phase("state"):
                 for side, upstream in enumerate(self.spec.inputs):
                     table = batch.table(upstream)
                     if table is not None and table.num_rows:
-                        self._add(side, table, before)
+                        self._add(side, table, before, late)
         self._advance(batch, watermark)
         with phases.phase("state"):
             left, right = self._due(before, self._bounds())
         out = self._match(left, right) if left is not None else None
+        self.late.extend(late)
         return out, watermark
 
-    def _add(self, side: int, table: pa.Table, fired: dict[int, int]) -> None:
+    def _add(self, side: int, table: pa.Table, fired: dict[int, int], late_rows: list[LateRecords]) -> None:
         rows, kgs, t = self._new_rows(side, table)
         panes = t - np.mod(t, self._step)
         late = panes <= per_key_group(fired, self._max_parallelism, -_FAR)[kgs]  # the last window holding the row has fired
         if late.any():
-            self.late_records += int(late.sum())
+            late_rows.append(self._late(side, table, late, kgs, lambda i: f"its last window [{panes[i]}, "
+                                                                          f"{panes[i] + self._size}) had fired"))
             keep = ~late
             rows, kgs, panes = rows.filter(pa.array(keep)), kgs[keep], panes[keep]
         if rows.num_rows:
@@ -269,12 +279,13 @@ class IntervalJoin(_Join):
     def process(self, batch, watermark: int) -> tuple[pa.Table | None, int]:
         before = {kg: self._fired_before(kg) for kg in self.store.key_groups}
         new: list = [None, None]
+        late: list[LateRecords] = []
         if batch.records:
             with phases.phase("state"):
                 for side, upstream in enumerate(self.spec.inputs):
                     table = batch.table(upstream)
                     if table is not None and table.num_rows:
-                        new[side] = self._new_side(side, table, before)
+                        new[side] = self._new_side(side, table, before, late)
         self._advance(batch, watermark)
         cuts = {kg: self._cut_bound(self._fired_before(kg)) for kg in self.store.key_groups}
         cut_at = per_key_group(cuts, self._max_parallelism, -_FAR)
@@ -285,19 +296,20 @@ class IntervalJoin(_Join):
         with phases.phase("state"):
             self._keep(new, old[0], matched, cut_at)
             self.store.cut(cuts)
+        self.late.extend(late)
         if self.spec.how == "left" and watermark != MAX_WATERMARK:
             watermark -= self._holdback
         return out, watermark
 
     # --- state --------------------------------------------------------------------------------
 
-    def _new_side(self, side: int, table: pa.Table, watermarks: dict[int, int]):
-        """(rows, key groups, expiry) of a side's new rows that are not late."""
+    def _new_side(self, side: int, table: pa.Table, watermarks: dict[int, int], late_rows: list[LateRecords]):
+        """(rows, key groups, expiry) of a side's new rows that are not late; the late ones to `late_rows`."""
         rows, kgs, t = self._new_rows(side, table)
         clamped = {kg: min(max(value, -_FAR), _FAR) for kg, value in watermarks.items()}
         late = t < per_key_group(clamped, self._max_parallelism, -_FAR)[kgs]
         if late.any():
-            self.late_records += int(late.sum())
+            late_rows.append(self._late(side, table, late, kgs, lambda i: f"event time {t[i]} is behind"))
             keep = ~late
             rows, kgs, t = rows.filter(pa.array(keep)), kgs[keep], t[keep]
         return (rows, kgs, self._expiry(side, t)) if rows.num_rows else None
@@ -371,6 +383,8 @@ class IntervalJoin(_Join):
             padded = self._unmet(new, expiring, cut_at)
         if new_right is None and (new_left is None or old_right is None) and padded is None:
             return None, none
+        if new_left is None and old_left is None and padded is None:
+            return None, none  # right rows alone meet no left row (a left join pads left rows only)
         lefts = _aligned({"ln": new_left, "lo": old_left, "lp": padded})
         left_schema = next(iter(lefts.values())).schema
         rights = _aligned({"rn": new_right, "ro": old_right},

@@ -27,7 +27,7 @@ from streamjobs_core.statelog import OVER_STATE
 from streamjobs_core.watermarks import MIN_WATERMARK
 
 from . import phases, spark
-from .stages import _EventTimeStage, collect, view_name
+from .stages import LateRecords, _EventTimeStage, collect, view_name
 from .state import KG, KeyGroupStore, concat, per_key_group, row_ids, take
 
 _RID, _SEG, _HISTORY = "_rid", "_seg", "_h"
@@ -64,26 +64,29 @@ class Over(_EventTimeStage):
 
     def process(self, batch, watermark: int) -> tuple[pa.Table | None, int]:
         before = {kg: self._fired_before(kg) for kg in self.store.key_groups}
+        late: list[LateRecords] = []
         if batch.records:
             with phases.phase("state"):
                 for upstream in self.spec.inputs:
                     table = batch.table(upstream)
                     if table is not None and table.num_rows:
-                        self._wait(table, before)
+                        self._wait(upstream, table, before, late)
         self._advance(batch, watermark)
         with phases.phase("state"):
             released = self._release({kg: self._fired_before(kg) for kg in self.store.key_groups}, before)
         if released is None:
+            self.late.extend(late)
             return None, watermark
         with phases.phase("state"):
             history = self._history(released)
         out = self._aggregate(released, history)
         with phases.phase("state"):
             self._remember(released, history)
+        self.late.extend(late)
         return out, watermark
 
-    def _wait(self, table: pa.Table, watermarks: dict[int, int]) -> None:
-        """Park a batch's records until the watermark passes them; drop (and count) those it already has."""
+    def _wait(self, upstream: str, table: pa.Table, watermarks: dict[int, int], late_rows: list[LateRecords]) -> None:
+        """Park a batch's records until the watermark passes them; those it already passed go to `late_rows`."""
         for name in (self.spec.key_by, *self.spec.order_by):
             if name not in table.column_names:
                 raise ValueError(f"{self.spec.name}: an input record has no column '{name}'")
@@ -91,9 +94,13 @@ class Over(_EventTimeStage):
         if times.null_count:
             raise ValueError(f"{self.spec.name}: a record has no event_time")
         kgs = key_groups_of(table.column(self.spec.key_by), self._max_parallelism)
-        late = times.to_numpy().astype(np.int64) < per_key_group(watermarks, self._max_parallelism, MIN_WATERMARK)[kgs]
+        t = times.to_numpy().astype(np.int64)
+        late = t < per_key_group(watermarks, self._max_parallelism, MIN_WATERMARK)[kgs]
         if late.any():
-            self.late_records += int(late.sum())
+            rows = np.flatnonzero(late)
+            late_rows.append(LateRecords(upstream, table.take(pa.array(rows)), [
+                f"late: event time {t[i]} is behind key group {kgs[i]}'s watermark {watermarks.get(int(kgs[i]))}: "
+                "the records before it in its key's order went out" for i in rows.tolist()]))
             table, kgs = table.filter(pa.array(~late)), kgs[~late]
         if not table.num_rows:
             return

@@ -14,10 +14,13 @@ error; everything else is processed as usual, with its state changes, in the
 same commit.
 
 Parts run without advancing the watermark and one last call advances it, so
-no window fires between two parts of one batch. When every record of a batch
-fails on its own, or the stage's query cannot even be planned for it, no
-record is to blame (a wrong query, a broken function): BatchFailed is raised
-and the worker restarts. A lost JVM is raised as it is, at once.
+no window fires between two parts of one batch. A batch whose every record
+fails on its own has every record dead-lettered: that is what onError:
+dead_letter promises (onError: fail stops instead). When the stage's query
+cannot even be planned for the batch, no record is to blame (a wrong query):
+BatchFailed is raised; the start-up rehearsal (rehearsal.py) fails the job
+on such a query before any batch. A lost JVM, or Redis, is raised as it is,
+at once.
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ class Rejected:
 
 
 class BatchFailed(RuntimeError):
-    """Every record of the batch fails on its own: the stage or its environment is broken."""
+    """The stage cannot plan the batch, whatever its records: its query is broken."""
 
 
 @dataclass
@@ -97,7 +100,7 @@ def process(stage, batch: InputBatch, watermark: int) -> tuple[pa.Table | None, 
             output, out_watermark = stage.process(batch, watermark)
             return output, out_watermark, []
         except Exception as exc:  # what a stage raises is Spark's or the user's: any of it may be a record's fault
-            if probes.jvm_gone(exc):
+            if probes.outage(exc):
                 raise
             if _unplannable(stage, exc):
                 raise BatchFailed(f"the stage cannot plan the batch, whatever its records: {describe(exc)}") from exc
@@ -106,9 +109,6 @@ def process(stage, batch: InputBatch, watermark: int) -> tuple[pa.Table | None, 
                         describe(exc), exc_info=True)
     isolation = _Isolation(stage, records if records is not None else _Records(batch), memory)
     isolation.run(flagged, first)
-    if len(isolation.rejected) == batch.records and batch.records > 1:
-        reason = describe(first) if first is not None else isolation.rejected[0].error
-        raise BatchFailed(f"all {batch.records} records of the batch fail on their own: {reason}") from first
     last, out_watermark = stage.process(replace(batch, tables={}, records=0), watermark)
     outputs = isolation.outputs + ([last] if last is not None else [])
     output = pa.concat_tables(outputs, promote_options="permissive") if outputs else None
@@ -199,7 +199,7 @@ class _Isolation:
         try:
             output, _ = self.stage.process(part, MIN_WATERMARK)  # MIN: the watermark stays where it was
         except Exception as exc:  # see process()
-            if probes.jvm_gone(exc):
+            if probes.outage(exc):
                 raise
             return exc
         if output is not None:

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import redis
 from py4j.protocol import Py4JError, Py4JNetworkError
 from pyspark.errors import QueryContextType
 
@@ -83,7 +84,7 @@ def from_error(stage, exc: BaseException) -> Probe | None:
     except AttributeError:  # not Spark's error
         return None
     except Py4JError as error:  # one whose context the JVM cannot describe
-        if jvm_gone(error):
+        if outage(error):
             raise
         return None
     if not contexts:
@@ -110,9 +111,10 @@ def from_error(stage, exc: BaseException) -> Probe | None:
     return Probe(fragment, error, source, upstreams, trusted)
 
 
-def jvm_gone(exc: BaseException) -> bool:
-    """The JVM or the connection to it is gone: no record's fault, and nothing can succeed now."""
-    return isinstance(exc, (ConnectionError, Py4JNetworkError))
+def outage(exc: BaseException) -> bool:
+    """The JVM, the connection to it or to Redis (a lookup's table) is gone: no record's fault, and nothing
+    can succeed now; the worker restarts from its last commit."""
+    return isinstance(exc, (ConnectionError, Py4JNetworkError, redis.ConnectionError, redis.TimeoutError))
 
 
 def _outside(text: str, start: int, stop: int) -> list[str]:
@@ -166,7 +168,7 @@ def find(stage, probes: list[Probe], tables: dict[str, tuple[pa.Table, np.ndarra
                     df = spark.createDataFrame(numbered) if df is None else df
                     hits = df.filter(_raises(spark, probe.fragment, where)).collect()
                 except Exception as exc:  # Spark cannot analyse it here, or a Python UDF in it raised: no finds
-                    if jvm_gone(exc):
+                    if outage(exc):
                         raise
                     continue
                 for position in np.flatnonzero(np.isin(owners, [row[_NUMBER] for row in hits])):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import re
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -36,13 +37,23 @@ def view_name(op: str) -> str:
     return op.replace("-", "_")
 
 
+@dataclass(frozen=True)
+class LateRecords:
+    """Records of one input that a stage met behind their key group's watermark: the window or join they
+    belonged to had moved on. The chain dead-letters each with its reason (never only a metric)."""
+
+    upstream: str
+    rows: pa.Table  # as the stage met them
+    reasons: list[str]  # per row: the window it missed, or the watermark it was behind
+
+
 class _SparkStage:
     def __init__(self, spec, store: KeyGroupStore) -> None:
         self.spec = spec
         self.store = store
         self.spark = spark.session()
         self._schemas: dict[str, pa.Schema] = {}
-        self.late_records = 0  # records dropped as late since the worker last read this
+        self.late: list[LateRecords] = []  # met by batches that went through, since the chain last took them
         self._read_views = self._views()
 
     def reconfigure(self, spec) -> None:
@@ -134,9 +145,7 @@ _NEW = "_new"
 
 
 def partial_sql(spec: WindowAggregateStage) -> str:
-    """Per (key, window start) partial aggregates of the batch, and per group `_l<j>`: how many of its rows
-    have their last window j steps after this one (a record is late when its last window has fired,
-    which the worker decides per key group)."""
+    """Per (key, window start) partial aggregates of the batch (its late records taken out before)."""
     size, step = spec.window.size_ms, spec.window.step_ms
     last = f"(event_time - pmod(event_time, {step}))"
     if size == step:  # tumbling: one window per record, no explode
@@ -148,8 +157,7 @@ def partial_sql(spec: WindowAggregateStage) -> str:
         for i, agg in enumerate(spec.aggregations)
         for j, expr in enumerate(_PARTIALS[agg.function])
     ]
-    lasts = [f"sum(CASE WHEN {last} = ws + {j * step} THEN 1 ELSE 0 END) AS _l{j}" for j in range(size // step)]
-    return (f"SELECT `{spec.key_by}` AS k, ws, {', '.join(parts + lasts)} FROM {source} "
+    return (f"SELECT `{spec.key_by}` AS k, ws, {', '.join(parts)} FROM {source} "
             f"GROUP BY `{spec.key_by}`, ws")
 
 
@@ -226,7 +234,6 @@ class WindowAggregate(_EventTimeStage):
         super().__init__(spec, store)
         store.bind(state_layout(spec))
         self._max_parallelism = max_parallelism
-        self._steps = spec.window.size_ms // spec.window.step_ms  # windows per record
         self._aggregations()
 
     def reconfigure(self, spec: WindowAggregateStage) -> None:
@@ -252,14 +259,56 @@ class WindowAggregate(_EventTimeStage):
         return {kg: max(self._fired_before(kg) - self._horizon, floor) for kg in self.store.key_groups}
 
     def process(self, batch, watermark: int) -> tuple[pa.Table | None, int]:
+        late: list[LateRecords] = []
         if batch.records:
-            self._add(batch)
+            batch = self._without_late(batch, late)
+            if batch.records:
+                self._add(batch)
         self._advance(batch, watermark)
         with phases.phase("state"):
             out = self._fire()
+        self.late.extend(late)
         lateness = self.spec.allowed_lateness_ms
         out_watermark = watermark if watermark == MAX_WATERMARK else watermark - lateness
         return out, out_watermark
+
+    def _without_late(self, batch, late: list[LateRecords]):
+        """The batch without its records whose last window has fired in their key group (Flink's late
+        elements: every window holding them is gone), which go to `late` with that window named. A record
+        the stage's `where` drops is never late."""
+        fired = per_key_group(self._bounds(), self._max_parallelism, MIN_WATERMARK + self.spec.window.size_ms)
+        step, size = self.spec.window.step_ms, self.spec.window.size_ms
+        tables: dict[str, list[pa.Table]] = {}
+        records = 0
+        for upstream in self.spec.inputs:
+            table = batch.table(upstream)
+            if table is None or not table.num_rows:
+                continue
+            times = table.column("event_time").fill_null(MAX_WATERMARK).to_numpy()
+            kgs = key_groups_of(table.column(self.spec.key_by), self._max_parallelism)
+            last = times - np.mod(times, step)
+            found = np.flatnonzero(last <= fired[kgs])
+            if found.size:
+                kept = np.ones(table.num_rows, dtype=bool)
+                kept[found] = False
+                found = self._kept_by_where(table, found)
+                reasons = [f"late: its last window [{last[i]}, {last[i] + size}) had fired in key group "
+                           f"{kgs[i]} (watermark {self._fired_before(int(kgs[i]))}, allowedLatenessMs "
+                           f"{self.spec.allowed_lateness_ms})" for i in found.tolist()]
+                if found.size:
+                    late.append(LateRecords(upstream, table.take(pa.array(found)), reasons))
+                table = table.filter(pa.array(kept))
+            tables[upstream] = [table]
+            records += table.num_rows
+        return replace(batch, tables=tables, records=records)
+
+    def _kept_by_where(self, table: pa.Table, rows: np.ndarray) -> np.ndarray:
+        """Those of `rows` the stage's `where` keeps (one Spark query, only when late records were met)."""
+        if not self.spec.where:
+            return rows
+        candidates = table.take(pa.array(rows)).append_column("_late_row", pa.array(rows))
+        kept = collect(spark.bridge(self.spark).frame(candidates).filter(self.spec.where).select("_late_row"))
+        return np.sort(kept.column("_late_row").to_numpy())
 
     def _add(self, batch) -> None:
         self._register_inputs(batch)
@@ -277,13 +326,7 @@ class WindowAggregate(_EventTimeStage):
         starts = partials.column("ws").to_numpy()
         kgs = key_groups_of(partials.column("k"), self._max_parallelism)
         fired = per_key_group(self._bounds(), self._max_parallelism, MIN_WATERMARK + self.spec.window.size_ms)[kgs]
-        step = self.spec.window.step_ms
-        # A late record is in every window it explodes into; all of them have fired (the query counts rows
-        # after the stage's `where`, so filtered records are never late).
-        late = sum(int(partials.column(f"_l{j}").to_numpy()[starts <= fired - j * step].sum())
-                   for j in range(self._steps))
-        self.late_records += late // self._steps
-        opened = starts > fired  # rows of fired windows (what is left of late records) are dropped
+        opened = starts > fired  # a record's windows that fired before its last one: as in Flink, dropped
         if not opened.any():
             return
         rows = partials.select(["k", "ws", *self._partials]).append_column(KG, pa.array(kgs))
@@ -500,6 +543,20 @@ def _unnest(table: pa.Table, name: str, df) -> pa.Table:
     column = table.column(name)
     rows = column.filter(pc.is_valid(column)).combine_chunks()
     return pa.Table.from_struct_array(rows).cast(schema) if len(rows) else schema.empty_table()
+
+
+class StageBroken(ValueError):
+    """A mistake in the job that every batch would meet (a function that does not import, a query Spark refuses):
+    the operator and Python's (or Spark's) words. No restart mends it: the job fails."""
+
+
+def build_stage(spec, store: KeyGroupStore, max_parallelism: int, r=None):
+    """make_stage, its failures (a function that does not import, a spec the stage refuses) a StageBroken."""
+    try:
+        return make_stage(spec, store, max_parallelism, r)
+    except Exception as exc:  # noqa: BLE001 - anything a function's import raises is the job's mistake
+        lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+        raise StageBroken(f"{spec.name}: cannot be built: {type(exc).__name__}: {lines[0] if lines else ''}") from None
 
 
 def make_stage(spec, store: KeyGroupStore, max_parallelism: int, r=None):
