@@ -74,6 +74,19 @@ def decode(fields: dict[bytes, bytes]) -> Entry:
         raise DecodeError(f"undecodable entry: {exc}") from exc
 
 
+def header(fields: dict[bytes, bytes]) -> tuple[int, int, tuple[tuple[int, int], ...]]:
+    """A records entry's (records, watermark, runs), its records left undecoded."""
+    try:
+        records, watermark, runs = msgpack.unpackb(fields[b"m"], use_list=False)
+        if not (isinstance(records, int) and isinstance(watermark, int)):
+            raise DecodeError("header fields must be integers")
+        return records, watermark, tuple((int(lo), int(hi)) for lo, hi in runs)
+    except DecodeError:
+        raise
+    except Exception as exc:  # any malformed input is one kind of error to the caller
+        raise DecodeError(f"undecodable entry header: {exc}") from exc
+
+
 def encode_table(table: pa.Table) -> bytes:
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as writer:

@@ -322,6 +322,65 @@ class PartitionProgress:
         return cls(cursor, *(int(v) if v is not None else None for v in counts))
 
 
+@dataclass(frozen=True)
+class Attempt:
+    """An instance's starts at one input position (its committed offsets), kept so that a worker that keeps
+    dying at the same input is noticed by the next start: after `restarts.quarantineAfter` such starts it
+    processes the entries its dying batches read (`span`) one at a time, naming each (`suspect`) before it
+    does; an entry it dies at alone, twice, is dead-lettered (quarantine.py)."""
+
+    position: str  # digest of the committed offsets of every owned stream or partition
+    where: str  # the same, readable (the first few), for an error message
+    starts: int  # starts in a row at this position (this one included) that committed nothing
+    pid: int  # the process of the start: a supervisor tells its own worker's record from an older one
+    committed: bool = False  # this start committed a batch: the next one counts from one again
+    span: tuple[tuple[str, str], ...] = ()  # per stream: the last entry a dying batch read
+    suspect: tuple[str, str] | None = None  # (stream, entry ID) being processed alone
+    suspect_deaths: int = 0  # starts that found the suspect still unprocessed
+    cause: str = ""  # why the last start ended, where the worker could say (its exception)
+
+    def encode(self) -> str:
+        return json.dumps({"position": self.position, "where": self.where, "starts": self.starts, "pid": self.pid,
+                           "committed": self.committed, "span": [list(s) for s in self.span],
+                           "suspect": None if self.suspect is None else list(self.suspect),
+                           "suspect_deaths": self.suspect_deaths, "cause": self.cause})
+
+    @classmethod
+    def decode(cls, raw: str | bytes) -> Attempt:
+        d = json.loads(raw)
+        suspect = d.get("suspect")
+        return cls(d["position"], d.get("where", ""), int(d["starts"]), int(d.get("pid", 0)),
+                   bool(d.get("committed")), tuple((s, e) for s, e in d.get("span", ())),
+                   None if suspect is None else (suspect[0], suspect[1]), int(d.get("suspect_deaths", 0)),
+                   d.get("cause", ""))
+
+
+EXIT_FAILED = 3  # a worker's exit status once it recorded a JobFailure: restarting it would not help
+
+
+@dataclass(frozen=True)
+class JobFailure:
+    """Why a job stopped for good: a worker's mistake no restart can mend (a query that does not plan, a
+    function that does not import) or one that died at the same input past `restarts.maxAttempts`."""
+
+    operator: str
+    instance: int
+    cause: str
+    where: str = ""  # the input position it kept dying at, if that is what happened
+
+    def describe(self) -> str:
+        at = f" at input {self.where}" if self.where else ""
+        return f"{self.operator}/{self.instance}{at}: {self.cause}"
+
+    def encode(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def decode(cls, raw: str | bytes) -> JobFailure:
+        d = json.loads(raw)
+        return cls(d["operator"], int(d["instance"]), d["cause"], d.get("where", ""))
+
+
 def _owners(listed: list | None) -> tuple[int, ...] | None:
     return None if listed is None else tuple(int(o) for o in listed)
 

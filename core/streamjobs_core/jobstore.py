@@ -24,9 +24,11 @@ from typing import Protocol
 from . import keycopy
 from .codec import encode_marker
 from .control import (
+    Attempt,
     ControlEvent,
     ControlRecord,
     InstanceAddress,
+    JobFailure,
     PartitionProgress,
     Promotion,
     ReconfigureRecord,
@@ -180,10 +182,16 @@ class JobStore(Protocol):
     def paused_at(self, now_ms: int) -> int | None:
         """The instant of a pause in force at `now_ms`."""
     def resumed(self) -> None:
-        """A suspended or paused job runs again."""
+        """A suspended, paused or failed job runs again."""
     def forget_processes(self, ops: Iterable[str]) -> None:
         """What the processes of an earlier run said of themselves (endpoints, warm spares): a run that goes on
         after they died starts new ones."""
+    def attempt(self, op: str, instance: int) -> Attempt | None: ...
+    def save_attempt(self, op: str, instance: int, attempt: Attempt | None) -> None:
+        """None: the instance stopped cleanly; its next start counts from one."""
+    def fail(self, failure: JobFailure) -> None:
+        """The job cannot go on (the first failure said stays)."""
+    def failure(self) -> JobFailure | None: ...
 
     # --- committed input progress ----------------------------------------------------------
     def record_partitions(self, commit: Commit, op: str, progress: dict[int, PartitionProgress],
@@ -603,9 +611,28 @@ class RedisJobStore:
 
     def resumed(self) -> None:
         self.r.hdel(self.keys.control, "suspend", "pause")
+        self.r.delete(self.keys.failure)
 
     def forget_processes(self, ops: Iterable[str]) -> None:
         self.r.delete(self.keys.metrics_endpoints, *(self.keys.spares(op) for op in ops))
+        self.r.delete(*(self.keys.attempts(op) for op in ops))
+
+    def attempt(self, op: str, instance: int) -> Attempt | None:
+        raw = self.r.hget(self.keys.attempts(op), str(instance))
+        return None if raw is None else Attempt.decode(raw)
+
+    def save_attempt(self, op: str, instance: int, attempt: Attempt | None) -> None:
+        if attempt is None:
+            self.r.hdel(self.keys.attempts(op), str(instance))
+        else:
+            self.r.hset(self.keys.attempts(op), str(instance), attempt.encode())
+
+    def fail(self, failure: JobFailure) -> None:
+        self.r.set(self.keys.failure, failure.encode(), nx=True)
+
+    def failure(self) -> JobFailure | None:
+        raw = self.r.get(self.keys.failure)
+        return None if raw is None else JobFailure.decode(raw)
 
     # --- committed input progress ----------------------------------------------------------
     def record_partitions(self, commit: Commit, op: str, progress: dict[int, PartitionProgress],
@@ -688,6 +715,8 @@ class MemoryJobStore:
         self._promotions: dict[tuple[str, str], list[Promotion]] = {}
         self._demotions: dict[tuple[str, int], str] = {}
         self._registered: dict[tuple[str, int], str] = {}
+        self._attempts: dict[tuple[str, int], Attempt] = {}
+        self._failure: JobFailure | None = None
         self._stop = False
         self._suspend = False
         self._pause: tuple[int, int] | None = None
@@ -969,6 +998,23 @@ class MemoryJobStore:
         self._registered.clear()
         for op in ops:
             self._spares.pop(op, None)
+            for key in [k for k in self._attempts if k[0] == op]:
+                del self._attempts[key]
+
+    def attempt(self, op: str, instance: int) -> Attempt | None:
+        return self._attempts.get((op, instance))
+
+    def save_attempt(self, op: str, instance: int, attempt: Attempt | None) -> None:
+        if attempt is None:
+            self._attempts.pop((op, instance), None)
+        else:
+            self._attempts[(op, instance)] = attempt
+
+    def fail(self, failure: JobFailure) -> None:
+        self._failure = self._failure or failure
+
+    def failure(self) -> JobFailure | None:
+        return self._failure
 
     def record_partitions(self, commit: Commit | None, op: str, progress: dict[int, PartitionProgress],
                           watermarks: dict[int, int] | None = None) -> None:

@@ -167,6 +167,15 @@ class JobKeys:
     def autoscaler_decisions(self) -> str:
         return f"{self.prefix}:autoscaler:decisions"
 
+    def attempts(self, op: str) -> str:
+        """Per instance: its starts at its current input position (control.Attempt)."""
+        return f"{self.prefix}:attempts:{op}"
+
+    @property
+    def failure(self) -> str:
+        """Why the job stopped for good (control.JobFailure), once a worker said so."""
+        return f"{self.prefix}:failed"
+
     def incarnation(self, op: str, instance: int) -> str:
         return f"{self.prefix}:inc:{op}:{instance}"
 

@@ -20,7 +20,7 @@ from streamjobs_core.spec import API_GROUP, API_VERSION
 from . import reconcile, status
 from .config import Settings
 from .kube import Kube, KubeError
-from .reconcile import JobContext, NotReady, SpecError, UnsupportedChange
+from .reconcile import Failed, JobContext, NotReady, SpecError, UnsupportedChange
 from .resources import Owner
 from .store import NoRedis
 
@@ -72,6 +72,9 @@ def _run(body: kopf.Body, memo: kopf.Memo, step) -> str | None:
                   "runtime only so far; on Kubernetes added instances start as new pods")
     try:
         phase = step(ctx)
+    except Failed as exc:
+        _failed(body, ctx, exc)
+        return status.FAILED
     except NotReady as exc:
         ctx.status.phase(status.DEPLOYING, str(exc))
         raise kopf.TemporaryError(str(exc), delay=exc.delay_s) from None
@@ -90,6 +93,11 @@ def _run(body: kopf.Body, memo: kopf.Memo, step) -> str | None:
 def create(body: kopf.Body, memo: kopf.Memo, **_: Any) -> str | None:
     with _changing(memo):
         return _run(body, memo, lambda ctx: reconcile.create(ctx, body, _reporter(body)))
+
+
+def _failed(body: kopf.Body, ctx: JobContext, exc: Failed) -> None:
+    ctx.status.phase(status.FAILED, message=str(exc), error=exc.failure.cause)
+    kopf.warn(body, reason="JobFailed", message=str(exc))
 
 
 def _reporter(body: kopf.Body):
@@ -143,12 +151,16 @@ def delete(body: kopf.Body, memo: kopf.Memo, retry: int, **_: Any) -> None:
 def refresh(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """The status; and what `streamjobs control` and `streamjobs rebalance` asked for through the job's Redis."""
     phase = (body.get("status") or {}).get("phase")
-    if phase in (None, status.INVALID, status.DEPLOYING):
+    if phase in (None, status.INVALID, status.DEPLOYING, status.FAILED):
         return
     ctx = _context(body, memo)
     if ctx is None:
         return
-    _, memo["flow"] = reconcile.refresh_status(ctx, memo.get("flow"))
+    try:
+        _, memo["flow"] = reconcile.refresh_status(ctx, memo.get("flow"))
+    except Failed as exc:
+        _failed(body, ctx, exc)
+        return
     lock = _changing(memo)
     if phase not in (status.RUNNING, status.RESCALING, status.RECONFIGURING) or not lock.acquire(blocking=False):
         return  # not running, or an edit is being applied: next tick

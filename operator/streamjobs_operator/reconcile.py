@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from streamjobs_core.control import JobFailure
 from streamjobs_core.jobstore import RedisJobStore
 from streamjobs_core.loading import SpecError, parse_job
 from streamjobs_core.plan import JobPlan
@@ -44,6 +45,15 @@ class NotReady(Exception):
 
 class UnsupportedChange(ValueError):
     """A change that needs a new job, not a rescale: the message names the fields."""
+
+
+class Failed(RuntimeError):
+    """A worker said the job cannot go on (a query Spark refuses, a function that does not import, an input it
+    kept dying at past restarts.maxAttempts); its workers were stopped."""
+
+    def __init__(self, failure: JobFailure) -> None:
+        super().__init__(failure.describe())
+        self.failure = failure
 
 
 def job_of(body: Any) -> StreamJob:
@@ -124,6 +134,7 @@ def deploy(ctx: JobContext, body: Any) -> str:
         # Workers register as their chain's head: a chained member has no instances of its own.
         wanted = {f"{op}/{i}" for op in plan.vertices if op not in sources for i in range(assigned[op][1])}
         missing = wanted - store.registered(r, owner.name)
+        _stop_if_failed(RedisJobStore(r, owner.name), fleet)
         if missing:
             raise NotReady(f"waiting for {len(missing)} stage and sink workers to warm up: {', '.join(sorted(missing))}")
         if not job.spec.restore_from:  # a restored job's event time goes on from its first run's origin
@@ -133,6 +144,14 @@ def deploy(ctx: JobContext, body: Any) -> str:
         for name in sources:
             _ensure_operator(ctx, fleet, name, assigned[name])
     return status.RUNNING
+
+
+def _stop_if_failed(jobs: RedisJobStore, fleet: KubernetesFleet) -> None:
+    """A job one of whose workers said it cannot go on: every worker stopped (restarts would not help), Failed."""
+    failure = jobs.failure()
+    if failure is not None:
+        fleet.scale_all(lambda op: 0)
+        raise Failed(failure)
 
 
 def _ensure_operator(ctx: JobContext, fleet: KubernetesFleet, op: str, assigned: tuple[int, int]) -> None:
@@ -329,7 +348,8 @@ def refresh_status(ctx: JobContext, last_flow: tuple[float, int] | None = None) 
     """Desired, current and assigned parallelism and epochs, input rate and lag, for `kubectl get sj`.
 
     Returns the operators' status and this reading of the sources' emitted records (time, count),
-    from which the next call computes the input rate.
+    from which the next call computes the input rate. Raises Failed (its workers stopped) once a worker said
+    the job cannot go on.
     """
     fleet = ctx.fleet()
     ready: dict[str, int] = {}
@@ -340,6 +360,7 @@ def refresh_status(ctx: JobContext, last_flow: tuple[float, int] | None = None) 
     with ctx.redis() as r:
         plan = store.read_plan(r, ctx.owner.name)
         if plan is not None:
+            _stop_if_failed(RedisJobStore(r, plan.name), fleet)
             assigned = store.assignments(r, plan)
             in_progress = progress(RedisJobStore(r, plan.name))
             emitted, lag = store.flow(r, plan)
@@ -361,5 +382,5 @@ def refresh_status(ctx: JobContext, last_flow: tuple[float, int] | None = None) 
     return operators, reading
 
 
-__all__ = ["JobContext", "NotReady", "SpecError", "UnsupportedChange", "cleanup", "create", "deploy", "handle_requests",
+__all__ = ["Failed", "JobContext", "NotReady", "SpecError", "UnsupportedChange", "cleanup", "create", "deploy", "handle_requests",
            "job_of", "reconfigure", "refresh_status", "rescale", "resume_rescale", "update"]

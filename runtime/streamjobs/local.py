@@ -18,14 +18,16 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from streamjobs_core.connect import connect
+from streamjobs_core.connect import connect, redacted
 from streamjobs_core.control import (
+    EXIT_FAILED,
     ControlEvent,
     ControlRecord,
     InstanceAddress,
+    JobFailure,
     Promotion,
     ReconfigureRecord,
     RescaleRecord,
@@ -63,6 +65,15 @@ def last_error(log: Path, tail_bytes: int = 65536) -> str | None:
     return None
 
 
+def _exit_said(code: int, error: str | None) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit {code}{f': {error}' if error else ''}"
+
+
 def _can_raise_priority() -> bool:
     """Whether a process this runtime lowers in priority can be raised back (root, or RLIMIT_NICE allows it)."""
     return os.geteuid() == 0 or resource.getrlimit(resource.RLIMIT_NICE)[0] >= 20
@@ -77,12 +88,23 @@ class PreviousRun(RuntimeError):
     """The job's earlier run in this Redis cannot go on; the message says why and what to do."""
 
 
+class JobFailed(RuntimeError):
+    """A worker said the job cannot go on, or one kept dying past `restarts.maxAttempts`."""
+
+    def __init__(self, failure: JobFailure) -> None:
+        super().__init__(failure.describe())
+        self.failure = failure
+
+
 @dataclass
 class _Instance:
     op: str
     index: int
     process: subprocess.Popen
     epoch: int | None = None  # a standby waiting for this epoch
+    started: float = field(default_factory=time.monotonic)
+    failures: int = 0  # deaths in a row, each before the instance committed anything or ran long
+    restart_at: float | None = None  # dead, to be started again then (exponential backoff)
 
 
 @dataclass
@@ -148,8 +170,9 @@ class LocalRuntime:
         commit over it) unless told to `replace` them (their registrations outlive a run that was killed)."""
         check(savepoint, self.job, reset)  # before anything of the job in this Redis is replaced
         if self.jobs.registered() and not replace:
-            raise PreviousRun(f"workers of job '{self.job.metadata.name}' are registered in {self.redis_url}: a run "
-                              "may be going on. Stop it (`streamjobs stop`), or pass --fresh to replace it")
+            raise PreviousRun(f"workers of job '{self.job.metadata.name}' are registered in "
+                              f"{redacted(self.redis_url)}: a run may be going on. Stop it (`streamjobs stop`), or "
+                              "pass --fresh to replace it")
         restore(self.jobs, savepoint, max_parallelism=self.job.spec.max_parallelism)
 
     def _resume(self, ready_timeout_s: float, reset: tuple[str, ...] = ()) -> None:
@@ -161,10 +184,10 @@ class LocalRuntime:
         running = self.jobs.plan()
         name = running.name
         if self.jobs.deployed_by() is not None:
-            raise PreviousRun(f"job '{name}' in {self.redis_url} belongs to a StreamJob resource (the operator "
-                              "runs it); use another Redis, or --fresh to delete it and start anew")
+            raise PreviousRun(f"job '{name}' in {redacted(self.redis_url)} belongs to a StreamJob resource (the "
+                              "operator runs it); use another Redis, or --fresh to delete it and start anew")
         if self.jobs.stop_requested():
-            raise PreviousRun(f"job '{name}' in {self.redis_url} was stopped and drained: it ended. --fresh "
+            raise PreviousRun(f"job '{name}' in {redacted(self.redis_url)} was stopped and drained: it ended. --fresh "
                               "starts it anew from nothing (its state, offsets and outputs are deleted)")
         changes = diff(running.job, self.job, reset)
         if changes.refused:
@@ -264,23 +287,30 @@ class LocalRuntime:
                 return
             self.supervise()
             if time.monotonic() > deadline:
-                names = sorted(InstanceAddress(op, i, "").field for op, i in missing)
-                raise TimeoutError(f"workers not ready: {names}; see logs in {self.log_dir}")
+                op, i = sorted(missing)[0]
+                names = sorted(InstanceAddress(o, n, "").field for o, n in missing)
+                raise JobFailed(JobFailure(op, i, f"not ready after {timeout_s:.0f} s ({', '.join(names)}); see "
+                                           f"{self.log_dir / f'{op}-{i}.log'}"))
             time.sleep(0.2)
 
     # --- run -------------------------------------------------------------------
 
     def supervise(self) -> list[str]:
-        """Restart workers that died; return what was restarted."""
+        """Restart workers that died, each after a delay that grows while it keeps dying (Flink's
+        exponential-delay strategy); return what happened. JobFailed when a worker says the job cannot go on,
+        or one died more than `restarts.maxAttempts` times in a row."""
         restarted = []
+        now = time.monotonic()
         for (op, index), inst in list(self.instances.items()):
             code = inst.process.poll()
-            if code is not None and self.restart_workers:
-                self.jobs.unregister(op, index)
-                self._spawn(op, index)
+            if code is None or not self.restart_workers:
+                continue
+            if inst.restart_at is None:
+                restarted.append(self._died(inst, code, now))
+            if now >= inst.restart_at:
+                self.instances[(op, index)] = _Instance(op, index, self._start_instance(op, index),
+                                                        failures=inst.failures)
                 self.total_restarts += 1
-                error = last_error(self.log_dir / f"{op}-{index}.log") if code > 0 else None
-                restarted.append(f"{op}/{index} (exit {code}{f': {error}' if error else ''})")
         for (op, index), inst in list(self.standbys.items()):
             code = inst.process.poll()
             if code is not None and self.restart_workers:
@@ -294,6 +324,33 @@ class LocalRuntime:
                     # It held nothing: not a worker restart. Started on the CPU the job leaves idle.
                     pool[i] = self._new_spare(op, idle_cpu=True)
         return restarted
+
+    def _died(self, inst: _Instance, code: int, now: float) -> str:
+        """Decide when a dead instance starts again; what to say of it."""
+        op, index = inst.op, inst.index
+        self.jobs.unregister(op, index)
+        failure = self.jobs.failure()
+        error = last_error(self.log_dir / f"{op}-{index}.log") if code > 0 else None
+        if code == EXIT_FAILED or failure is not None:
+            raise JobFailed(failure or JobFailure(op, index, error or f"exit {code}"))
+        settings = self.job.spec.restarts
+        said = _exit_said(code, error)
+        attempt = self.jobs.attempt(op, index)
+        own = attempt is not None and attempt.pid == inst.process.pid
+        if own and not attempt.cause:  # what the worker could not say of its death, for its next start
+            self.jobs.save_attempt(op, index, replace(attempt, cause=said))
+        progressed = own and attempt.committed
+        if progressed or (now - inst.started) * 1000 >= settings.reset_backoff_threshold_ms:
+            inst.failures = 0
+        inst.failures += 1
+        if inst.failures > settings.max_attempts:
+            raise JobFailed(JobFailure(op, index, f"died {inst.failures} times in a row ({said})",
+                                       attempt.where if attempt is not None else ""))
+        delay = min(settings.max_backoff_ms, settings.initial_backoff_ms
+                    * settings.backoff_multiplier ** (inst.failures - 1)) / 1000
+        inst.restart_at = now + delay
+        again = f", {inst.failures} in a row" if inst.failures > 1 else ""
+        return f"{op}/{index} ({said}); starts again in {delay:.1f} s{again}"
 
     def kill(self, op: str, index: int, sig: int = signal.SIGKILL) -> None:
         self.instances[(op, index)].process.send_signal(sig)

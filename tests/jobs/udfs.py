@@ -1,5 +1,7 @@
 """User functions of the test jobs (workers import them as tests.jobs.udfs:NAME)."""
 
+import os
+
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
@@ -24,3 +26,18 @@ def _strict_price(price):
 def cents(df: DataFrame) -> DataFrame:
     """Prices in cents; a Python UDF that refuses the price 13 (a poison record)."""
     return df.select("k", _strict_price("price").alias("cents"))
+
+
+def exit_on_poison(df: DataFrame) -> DataFrame:
+    """Records as they are; a batch holding `v = 'poison'` ends the process on the spot, as a native crash or the
+    kernel's OOM killer would: no Python error, nothing flushed."""
+    if df.filter(F.col("v") == "poison").limit(1).count():
+        os._exit(17)
+    return df
+
+
+def exit_always(df: DataFrame) -> DataFrame:
+    """A function that ends the process on every batch with records: no entry is to blame."""
+    if df.limit(1).count():
+        os._exit(17)
+    return df

@@ -9,7 +9,7 @@ from streamjobs_core.layout import JobKeys
 from streamjobs_operator.resources import LABEL_JOB
 
 from .conftest import NAMESPACE, await_deleted, events, eventually, run_kubectl
-from .jobs import apply, get, phase, wordcopy
+from .jobs import apply, get, phase, tagged_words, wordcopy
 
 
 def _owned(kube, kind: str, job: str) -> list[dict]:
@@ -95,3 +95,19 @@ def test_delete_runs_the_finalizer_that_clears_redis(kube, kubelet, redis_client
     await_deleted(kube, kubelet, "doomed", 60)
     assert list(redis_client.scan_iter(match=keys.pattern)) == []
     assert _owned(kube, "statefulsets", "doomed") == [] and _owned(kube, "pods", "doomed") == []
+
+
+def test_a_query_spark_refuses_fails_the_job_naming_operator_and_cause_and_stops_its_workers(emulator, kube, kubelet,
+                                                                                              redis_client):
+    doc = tagged_words("misspelt")
+    doc["spec"]["stages"][0]["query"] = "SELECT word,, event_time FROM input"
+    apply(kube, doc)
+    eventually(lambda: phase(kube, "misspelt") == "Failed", 120, "phase Failed")
+    status = get(kube, "misspelt")["status"]
+    assert status["message"].startswith("words/0: tag: Spark refuses its query") and "PARSE_SYNTAX_ERROR" in status["error"]
+    failed = eventually(lambda: [e for e in events(emulator, "misspelt") if e["reason"] == "JobFailed"], 30, "event")
+    assert failed[0]["type"] == "Warning" and "SELECT word,, event_time" in failed[0]["message"]
+    eventually(lambda: all(s["spec"]["replicas"] == 0 for s in _owned(kube, "statefulsets", "misspelt")), 30,
+               "workers stopped: a restart would meet the same query")
+    kube.delete("streamjobs", NAMESPACE, "misspelt")
+    await_deleted(kube, kubelet, "misspelt")

@@ -9,7 +9,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 CONTROL_KEYS = ("plan", "deployed_by", "control", "metrics_endpoints", "assignment", "next_assignment", "standby",
                 "standby_lag", "spares", "promotion", "demotion", "moved", "releases", "acquired", "incarnation",
-                "rescale_requests", "rescale_current", "rescale_history", "offsets", "watermarks")
+                "rescale_requests", "rescale_current", "rescale_history", "offsets", "watermarks", "attempts",
+                "failure")
 SPELLED = re.compile(rf"(?<![A-Za-z])_?keys\.({'|'.join(CONTROL_KEYS)})\b|JobKeys\([^)]*\)\.({'|'.join(CONTROL_KEYS)})\b"
                      r"|[\"']generation[\"']", re.IGNORECASE)
 HOME = {ROOT / "core/streamjobs_core/jobstore.py", ROOT / "core/streamjobs_core/layout.py"}

@@ -10,12 +10,15 @@ import sys
 import threading
 
 from streamjobs_core.connect import connect
+from streamjobs_core.control import EXIT_FAILED, JobFailure
 from streamjobs_core.jobstore import RedisJobStore
 from streamjobs_core.reconfigure import plan_for
 from streamjobs_core.spares import await_promotion
 
 from .parent import die_with_parent
+from .quarantine import Exhausted
 from .rehearsal import SPARE_REHEARSALS, warm_up
+from .stages import StageBroken
 from .standby import await_epoch
 from .worker import Retired, Worker
 
@@ -32,6 +35,20 @@ def _signals() -> tuple[threading.Event, threading.Event]:
 
 def main(argv: list[str] | None = None) -> int:
     die_with_parent()
+    args = _arguments(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    r = connect(args.redis_url)
+    jobs = RedisJobStore(r, args.job)
+    try:
+        return _serve(r, jobs, args)
+    except (StageBroken, Exhausted) as exc:
+        failure = exc.failure if isinstance(exc, Exhausted) else JobFailure(args.operator, args.instance, str(exc))
+        jobs.fail(failure)
+        logging.getLogger(__name__).error("the job cannot go on: %s", failure.describe())
+        return EXIT_FAILED
+
+
+def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="streamjobs_worker")
     parser.add_argument("--redis-url", default=os.environ.get("STREAMJOBS_REDIS_URL", "redis://127.0.0.1:6379"))
     parser.add_argument("--job", required=True)
@@ -50,11 +67,11 @@ def main(argv: list[str] | None = None) -> int:
         "--spare", default=None, metavar="ID",
         help="start as a warm spare: warm up Spark, then wait to be promoted to an instance (spares.py)",
     )
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    return parser.parse_args(argv)
 
-    r = connect(args.redis_url)
-    jobs = RedisJobStore(r, args.job)
+
+def _serve(r, jobs: RedisJobStore, args: argparse.Namespace) -> int:
+    """Run as the instance (or spare, or standby) the arguments say, until stopped or retired."""
     plan = plan_for(jobs, args.operator)
     log = logging.getLogger(__name__)
     spare, instance, epoch, warm = args.spare, args.instance, args.await_epoch, False

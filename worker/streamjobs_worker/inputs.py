@@ -33,7 +33,7 @@ from typing import Protocol
 import numpy as np
 import pyarrow as pa
 import redis
-from streamjobs_core.codec import DecodeError, decode
+from streamjobs_core.codec import DecodeError, decode, header
 from streamjobs_core.deadletters import DeadLetter, Kind
 from streamjobs_core.jobstore import JobStore
 from streamjobs_core.plan import Edge, JobPlan
@@ -65,6 +65,7 @@ class InputBatch:
     watermarks: dict[int, int] = field(default_factory=dict)
     records: int = 0
     entries: int = 0
+    bytes: int = 0  # of the entries read (kg streams): the worker keeps a batch under batching.maxBytes
     full: bool = False
     # what could not be read or decoded: dead-lettered with the batch
     bad: list[DeadLetter] = field(default_factory=list)
@@ -83,6 +84,7 @@ class InputBatch:
         self.watermarks = later.watermarks
         self.records += later.records
         self.entries += later.entries
+        self.bytes += later.bytes
         self.full = later.full
         self.bad.extend(later.bad)
         self.watermark = later.watermark
@@ -119,6 +121,17 @@ class Input(Protocol):
     def key_group_watermarks(self) -> dict[int, int]:
         """The input watermark of every owned key group."""
 
+    def positions(self) -> dict[str, bytes]:
+        """Per input stream (or source partition): where the next read starts (quarantine.py's position)."""
+
+    def read_one(self, stream: str) -> InputBatch:
+        """The next entry of that stream alone (a worker isolating the entries it died at)."""
+
+    def skip(self, stream: str, entry_id: bytes) -> dict:
+        """Step past the stream's next entry, `entry_id`, unprocessed (it is quarantined; the next commit records
+        it as consumed); its fields, for the dead letter."""
+
+    isolates: bool  # whether read_one and skip work: entries of streams (a generator has none)
     version: int  # the plan version the instance runs
     aligning_since: float | None  # when the first barrier of the next plan version was read
     holding: bool  # whether what producers wrote after their barriers is held back until every one passed
@@ -131,6 +144,8 @@ class Input(Protocol):
 
 
 class StreamInput:
+    isolates = True
+
     def __init__(self, r: redis.Redis, store: JobStore, plan: JobPlan, op: str, instance: int,
                  owned: tuple[int, ...], holds: Callable[[int], bool] = lambda version: True) -> None:
         self._r = r
@@ -268,6 +283,36 @@ class StreamInput:
         batch.watermark = min(batch.watermarks.values(), default=MIN_WATERMARK)
         return batch
 
+    def positions(self) -> dict[str, bytes]:
+        return {name: s.cursor for name, s in self._streams.items()}
+
+    def read_one(self, stream: str) -> InputBatch:
+        batch = InputBatch()
+        s = self._streams.get(stream)
+        if s is not None and s.marker is None:
+            self._read_once({stream: s.cursor}, 1, 0, batch)
+        batch.watermarks = self.key_group_watermarks()
+        batch.watermark = min(batch.watermarks.values(), default=MIN_WATERMARK)
+        return batch
+
+    def skip(self, stream: str, entry_id: bytes) -> dict:
+        s = self._streams[stream]
+        shown: dict = {"upstream": s.edge.upstream}
+        for _, fields in self._r.xrange(stream, entry_id, entry_id):
+            try:  # its producer's watermark still holds, and its records count as consumed (and dead-lettered)
+                records, watermark, runs = header(fields)
+            except DecodeError as exc:
+                shown["header"] = str(exc)
+                continue
+            for lo, hi in runs:
+                view = s.upstream_watermarks[lo : hi + 1]
+                np.maximum(view, watermark, out=view)
+            s.read_records += records
+            shown.update(records=records, payload_bytes=len(fields.get(b"d", b"")))
+        s.cursor = entry_id
+        s.changed = True
+        return shown
+
     def _read_once(self, cursors: dict[str, bytes], count: int, block_ms: int, batch: InputBatch) -> set[str]:
         """Add one XREAD's entries to the batch; the streams it returned entries of."""
         with phases.phase("read"):
@@ -286,6 +331,7 @@ class StreamInput:
             stream.cursor = entry_id
             stream.changed = True
             batch.entries += 1
+            batch.bytes += sum(map(len, fields.values()))
             try:
                 entry = decode(fields)
             except DecodeError as exc:

@@ -24,6 +24,7 @@ import time
 
 import redis
 from streamjobs_core.control import InstanceAddress, as_text
+from streamjobs_core.deadletters import DeadLetter, Kind
 from streamjobs_core.jobstore import RedisJobStore
 from streamjobs_core.keygroups import runs
 from streamjobs_core.plan import JobPlan, edge_totals
@@ -39,6 +40,7 @@ from .metrics import WorkerMetrics
 from .outputs import OutputRouter
 from .ownership import Ownership
 from .pacing import Pacing
+from .quarantine import Quarantine
 from .rehearsal import rehearse
 from .source_input import SourceInput
 from .standby import Prestaged, state_directory
@@ -95,13 +97,17 @@ class Worker:
         self.is_source = self.spec in plan.spec.sources
         self.input: Input = (SourceInput(r, jobs, plan, op, self.owned, self.metrics) if self.is_source
                              else StreamInput(r, jobs, plan, op, instance, self.owned, self._holds_back))
+        self.quarantine = Quarantine(jobs, op, instance, plan.spec.restarts, self.input.isolates)
+        self.input.restore()
+        # Counted before the rehearsal: a worker that dies in it (a function that crashes on any record) counts.
+        self._suspect = self.quarantine.started(self.input.positions())
         self.chain = OperatorChain(plan, chain, instance, self.store, self.metrics, r)
         edges = plan.edges_out(chain.tail)
         self.router = OutputRouter(plan, chain.tail, runs(self.owned)) if edges else None
         self.checkpoint = Checkpoint(r, jobs, op, instance, self.incarnation, self.store,
                                      plan.spec.state.snapshot_every_batches)
         self.pacing = Pacing(plan.spec.batching, self.spec, self.is_source, runs_spark=bool(self.chain.stages))
-        if self.chain.stages and not warm:  # a standby or a spare rehearsed while it waited
+        if not warm:  # a standby or a spare rehearsed while it waited
             rehearse(r, plan, op)
         # Registering the endpoint tells the runtime this instance is ready (Spark is up).
         port = self.metrics.serve(host=metrics_host, port=metrics_port)
@@ -121,21 +127,45 @@ class Worker:
 
     # --- lifecycle -----------------------------------------------------------
 
-    def restore(self) -> None:
-        self.input.restore()
+    def restore(self) -> tuple[str, str] | None:
+        """Rebuild from the last commits (the input's offsets were read at the start); the entry to quarantine
+        first, if one is to blame (quarantine.py)."""
+        suspect, self._suspect = self._suspect, None
         if self.spec.type in STATEFUL_TYPES:
             since = self.prestaged.applied if self.prestaged is not None else None
             self.checkpoint.changelog_ids = recovery.restore(self.r, self.plan.keys, self.op, self.store, since)
         for stage in self.chain.stages:
             stage.restore(self.input.key_group_watermarks())
         self.ownership.resumed()
+        return suspect
 
     def run(self, stop: threading.Event) -> None:
-        self.restore()
+        suspect = self.restore()
         log.info("%s/%d owns %d key groups (incarnation %d%s)", self.op, self.instance, len(self.owned),
                  self.incarnation, ", state prestaged as a standby" if self.prestaged is not None else "")
-        while not stop.is_set():
-            self.step()
+        try:
+            if suspect is not None:
+                self._quarantine(*suspect)
+            while not stop.is_set():
+                self.step()
+        except BaseException as exc:
+            self.quarantine.died(exc)
+            raise
+        self.quarantine.stopped()
+
+    def _quarantine(self, stream: str, entry_id: str) -> None:
+        """Commit the entry a worker kept dying at as a dead letter, and the offset past it."""
+        record = self.input.skip(stream, entry_id.encode())
+        cause = self.quarantine.cause or "no error was written (the worker was killed, or crashed in native code)"
+        letter = DeadLetter.of(self.op, Kind.QUARANTINED, f"quarantined: a worker died processing this entry alone, "
+                               f"{self.plan.spec.restarts.quarantine_after} times at its batch before: {cause}",
+                               record, stream, entry_id.encode())
+        txn = Transaction()
+        dead_letter(txn, self.plan, letter, self.metrics)
+        self.input.add_progress(txn)
+        self.checkpoint.complete(txn, {}, self._let_go)
+        self.quarantine.quarantined()
+        log.warning("%s/%d quarantined entry %s of %s: %s", self.op, self.instance, entry_id, stream, cause)
 
     def close(self) -> None:
         """After `run`: a demoted instance lives on as a spare, so what the instance held is let go."""
@@ -154,7 +184,12 @@ class Worker:
             self.metrics.backpressured_seconds.inc(_BACKPRESSURE_PAUSE_S)
             return
         started = time.monotonic()
-        batch, waited = self._read()
+        before = self.input.positions() if self.quarantine.watching else {}
+        isolated = self._isolated_stream(before)
+        batch, waited = self._read() if isolated is None else (self.input.read_one(isolated), 0.0)
+        if isolated is not None and self.input.positions()[isolated] == before[isolated]:
+            self.quarantine.read_nothing(isolated)  # its noted entries are gone: nothing left to isolate there
+            return
         read_s = time.monotonic() - started
         if batch.records or batch.bad:
             self._pending_busy_s += max(0.0, read_s - waited)
@@ -163,13 +198,18 @@ class Worker:
             self.metrics.idle_seconds.inc(read_s)
         releases = self._handovers()
         switch_to = self.input.aligned()
-        due = self.pacing.due(batch, bool(releases) or switch_to is not None, time.monotonic())
+        due = isolated is not None or self.pacing.due(batch, bool(releases) or switch_to is not None,
+                                                      time.monotonic())
         if switch_to is None and self.input.holding:
             return  # holding back until every producer passed its reconfiguration barrier
         if not due:
             self._take_over()
             return
         self._pending = None
+        if isolated is not None:
+            self.quarantine.processing(isolated, self.input.positions()[isolated], before)
+        elif self.quarantine.watching:
+            self.quarantine.reading(self.input.positions(), before)
         began = time.monotonic()
         txn = Transaction()
         for letter in batch.bad:
@@ -194,6 +234,8 @@ class Worker:
             if releases:
                 self.ownership.release_in(txn, releases)
             snapshot_bytes = self.checkpoint.complete(txn, releases, self._let_go)
+        if records or batch.bad:
+            self.quarantine.committed()  # input consumed: a start after this one counts from one
         if snapshot_bytes is not None:
             self.metrics.state_bytes.set(snapshot_bytes)
         self._take_over()
@@ -279,6 +321,12 @@ class Worker:
         post.watermarks = self.input.key_group_watermarks()
         post.watermark = min(post.watermarks.values(), default=MIN_WATERMARK)
         return post
+
+    def _isolated_stream(self, positions: dict[str, bytes]) -> str | None:
+        """Isolating the entries a worker died at: the stream to read one entry of (none pending from before)."""
+        if not self.quarantine.isolating or self._pending is not None:
+            return None
+        return self.quarantine.next_stream(positions)
 
     def _read(self) -> tuple[InputBatch, float]:
         """The input read so far: what was pending, and what arrived since (waiting at most until it is due);
@@ -384,11 +432,12 @@ class Worker:
             return
         # Under backlog a bigger batch costs little more than a small one (Spark's
         # fixed cost dominates), so grow while the batch stays within a few
-        # targets; shrink only when a batch is both long and over maxRecords.
-        if batch.full and busy_s < 3 * target:
-            self._entries_per_stream = min(_MAX_ENTRIES_PER_STREAM, self._entries_per_stream * 2)
-        elif busy_s > 3 * target and batch.records > batching.max_records:
+        # targets and half maxBytes; shrink when a batch is both long and over
+        # maxRecords, or over maxBytes.
+        if batch.bytes > batching.max_bytes or (busy_s > 3 * target and batch.records > batching.max_records):
             self._entries_per_stream = max(1, self._entries_per_stream // 2)
+        elif batch.full and busy_s < 3 * target and batch.bytes < batching.max_bytes // 2:
+            self._entries_per_stream = min(_MAX_ENTRIES_PER_STREAM, self._entries_per_stream * 2)
 
     def _report_lag(self) -> None:
         now = time.monotonic()
