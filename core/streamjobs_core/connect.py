@@ -16,3 +16,13 @@ def connect(url: str) -> redis.Redis | redis.RedisCluster:
     if cluster:
         return redis.RedisCluster.from_url(plain)
     return redis.Redis.from_url(plain)
+
+
+def redacted(url: str) -> str:
+    """The URL as it may be shown: without its password."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))

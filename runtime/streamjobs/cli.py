@@ -6,6 +6,8 @@ import argparse
 import json
 import sys
 
+import redis
+from streamjobs_core.connect import redacted
 from streamjobs_core.control import Strategy
 from streamjobs_core.crd import crd_yaml
 from streamjobs_core.loading import SpecError, load_job
@@ -67,10 +69,10 @@ def _run(args) -> int:
         print(f"{args.file}: {exc}", file=sys.stderr)
         return 2
     except Refused as exc:
-        print(f"{args.file}: the run in {args.redis_url} cannot go on with this spec: {exc}", file=sys.stderr)
+        print(f"{args.file}: the run in {redacted(args.redis_url)} cannot go on with this spec: {exc}", file=sys.stderr)
         return 2
     verification = result.get("verification") or {}
-    return 1 if verification.get("correct") is False else 0
+    return 1 if result.get("failed") or verification.get("correct") is False else 0
 
 
 def _running_job(args):
@@ -81,7 +83,7 @@ def _running_job(args):
     store = RedisJobStore(connect(args.redis_url), args.job)
     plan = store.plan()
     if plan is None:
-        print(f"--job: no job '{args.job}' in {args.redis_url}", file=sys.stderr)
+        print(f"--job: no job '{args.job}' in {redacted(args.redis_url)}", file=sys.stderr)
         return None
     return store, plan
 
@@ -226,8 +228,8 @@ def _stop(args) -> int:
     if not _stopped(store, args.wait):
         return 1
     print(f"{args.job}: " + ("drained and stopped: it ended" if args.drain else
-                             f"stopped at its last commits; `streamjobs run <file> --redis-url {args.redis_url}` "
-                             "goes on from there"))
+                             "stopped at its last commits; `streamjobs run <file> --redis-url "
+                             f"{redacted(args.redis_url)}` goes on from there"))
     return 0
 
 
@@ -555,7 +557,14 @@ def main(argv: list[str] | None = None) -> int:
     chaos.set_defaults(func=_chaos)
 
     args = parser.parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except (redis.ConnectionError, redis.TimeoutError, redis.AuthenticationError) as exc:
+        url = redacted(getattr(args, "redis_url", None) or "") or "the run's own redis-server"
+        reason = str(exc).splitlines()[0].rstrip(".") if str(exc) else type(exc).__name__
+        print(f"cannot reach Redis at {url}: {reason}. Check that redis-server runs there and that the URL (and "
+              "its password) is right.", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 from streamjobs_autoscaler.topology import Topology
+from streamjobs_core.connect import redacted
 from streamjobs_core.control import ControlRecord, ReconfigureRecord
 from streamjobs_core.savepoint import Savepoint
 from streamjobs_core.spec import StreamJob
@@ -24,7 +25,7 @@ from streamjobs_core.spec import StreamJob
 from . import report as reporting
 from .autoscaling import local_autoscaler
 from .live import LiveView, latency_samples, percentiles
-from .local import LocalRuntime
+from .local import JobFailed, LocalRuntime
 from .redis_server import RedisServer
 
 DRAIN_TIMEOUT_S = 240.0
@@ -59,58 +60,84 @@ def run_job(
         logs = Path(log_dir or tempfile.mkdtemp(prefix=f"streamjobs-{job.metadata.name}-"))
         runtime = LocalRuntime(job, redis_url, logs)
         stack.callback(runtime.shutdown)
-        console.print(f"starting {job.metadata.name} on {redis_url}: workers log to {logs}")
-        if runtime.start(prepare=prepare, fresh=fresh, savepoint=savepoint, reset=reset):
-            origin = "the savepoint" if savepoint else f"its last commits in {redis_url}"
-            console.print(f"resumed {job.metadata.name} from {origin}")
-        started = time.monotonic()
-        started_ms = int(time.time() * 1000)
-        view = LiveView(runtime.r, runtime.plan, runtime.parallelism)
-        autoscaler, events = local_autoscaler(runtime, console)
-        interrupted = _run_live(runtime, view, console, duration_s, during, started, autoscaler)
-        if runtime.jobs.suspend_requested():
-            return _suspend(runtime, console, time.monotonic() - started, logs, report_path, own_redis)
-        if not interrupted:
-            _resume_rescale(runtime, console)  # a controller that died in the last tick left it half done
-        stopped_ms = int(time.time() * 1000)
-        runtime.request_stop()
-        console.print("stopping sources; draining in-flight records ...")
-        drained = runtime.wait_drained(DRAIN_TIMEOUT_S)
-        elapsed = time.monotonic() - started
-        result = {
-            "job": job.metadata.name,
-            "duration_s": round(elapsed, 2),
-            "interrupted": interrupted,
-            "drained": drained,
-            "restarts": runtime.restarts(),
-            "spares_promoted": runtime.promoted,
-            "operators": reporting.committed_counts(runtime.r, runtime.plan),
-            "sinks": reporting.sink_counts(runtime.r, runtime.plan),
-            "latency_ms": percentiles(latency_samples(runtime.r, runtime.keys)),
-            # The first batches pay Spark's query compilation and JIT, and the drain fires every
-            # open window at once: the second half of the run shows the steady state.
-            "latency_second_half_ms": percentiles(
-                latency_samples(runtime.r, runtime.keys, (started_ms + stopped_ms) // 2, stopped_ms)
-            ),
-            "dead_letters": int(runtime.r.xlen(runtime.keys.dead_letter)),
-            "dead_letters_by_operator": reporting.dead_letter_counts(runtime.r, runtime.plan),
-            "shed": {op.decode(): int(n) for op, n in runtime.r.hgetall(runtime.keys.shed_totals).items()},
-            "rescales": [record.as_dict() for record in runtime.jobs.rescale_history()],
-            "reconfigurations": [record.as_dict() for record in runtime.jobs.reconfigure_history()],
-            "control_events": [record.as_dict() for record in runtime.jobs.control_history()],
-            "autoscaler": {
-                "policy": job.spec.autoscaler.policy,
-                "decisions": autoscaler.log.entries(),
-                "events": events.events,
-                "final_parallelism": dict(runtime.parallelism),
-            },
-        }
-        runtime.shutdown()
-        if verify:
-            result["verification"] = _verify(runtime, drained, logs)
-        report = _write_report(result, report_path, logs)
-        _summary(console, result, report)
-        return result
+        console.print(f"starting {job.metadata.name} on {redacted(redis_url)}: workers log to {logs}")
+        try:
+            return _run(runtime, console, logs, own_redis, duration_s, report_path, verify, during, prepare, fresh,
+                        savepoint, reset)
+        except JobFailed as exc:
+            return _failed(runtime, console, exc, logs, report_path)
+
+
+def _run(runtime: LocalRuntime, console: Console, logs: Path, own_redis: bool, duration_s, report_path, verify,
+         during, prepare, fresh, savepoint, reset) -> dict:
+    job = runtime.job
+    if runtime.start(prepare=prepare, fresh=fresh, savepoint=savepoint, reset=reset):
+        origin = "the savepoint" if savepoint else f"its last commits in {redacted(runtime.redis_url)}"
+        console.print(f"resumed {job.metadata.name} from {origin}")
+    started = time.monotonic()
+    started_ms = int(time.time() * 1000)
+    view = LiveView(runtime.r, runtime.plan, runtime.parallelism)
+    autoscaler, events = local_autoscaler(runtime, console)
+    interrupted = _run_live(runtime, view, console, duration_s, during, started, autoscaler)
+    if runtime.jobs.suspend_requested():
+        return _suspend(runtime, console, time.monotonic() - started, logs, report_path, own_redis)
+    if not interrupted:
+        _resume_rescale(runtime, console)  # a controller that died in the last tick left it half done
+    stopped_ms = int(time.time() * 1000)
+    runtime.request_stop()
+    console.print("stopping sources; draining in-flight records ...")
+    drained = runtime.wait_drained(DRAIN_TIMEOUT_S)
+    elapsed = time.monotonic() - started
+    result = {
+        "job": job.metadata.name,
+        "duration_s": round(elapsed, 2),
+        "interrupted": interrupted,
+        "drained": drained,
+        "restarts": runtime.restarts(),
+        "spares_promoted": runtime.promoted,
+        "operators": reporting.committed_counts(runtime.r, runtime.plan),
+        "sinks": reporting.sink_counts(runtime.r, runtime.plan),
+        "latency_ms": percentiles(latency_samples(runtime.r, runtime.keys)),
+        # The first batches pay Spark's query compilation and JIT, and the drain fires every
+        # open window at once: the second half of the run shows the steady state.
+        "latency_second_half_ms": percentiles(
+            latency_samples(runtime.r, runtime.keys, (started_ms + stopped_ms) // 2, stopped_ms)
+        ),
+        "dead_letters": int(runtime.r.xlen(runtime.keys.dead_letter)),
+        "dead_letters_by_operator": reporting.dead_letter_counts(runtime.r, runtime.plan),
+        "shed": {op.decode(): int(n) for op, n in runtime.r.hgetall(runtime.keys.shed_totals).items()},
+        "rescales": [record.as_dict() for record in runtime.jobs.rescale_history()],
+        "reconfigurations": [record.as_dict() for record in runtime.jobs.reconfigure_history()],
+        "control_events": [record.as_dict() for record in runtime.jobs.control_history()],
+        "autoscaler": {
+            "policy": job.spec.autoscaler.policy,
+            "decisions": autoscaler.log.entries(),
+            "events": events.events,
+            "final_parallelism": dict(runtime.parallelism),
+        },
+    }
+    runtime.shutdown()
+    if verify:
+        result["verification"] = _verify(runtime, drained, logs)
+    report = _write_report(result, report_path, logs)
+    _summary(console, result, report)
+    return result
+
+
+def _failed(runtime: LocalRuntime, console: Console, exc: JobFailed, logs: Path, report_path: str | None) -> dict:
+    """A worker said the job cannot go on, or one kept dying: everything stops, and the report says why."""
+    runtime.shutdown()
+    failure = exc.failure
+    result = {"job": runtime.job.metadata.name, "failed": {"operator": failure.operator, "instance": failure.instance,
+                                                         "cause": failure.cause, "input": failure.where},
+              "restarts": runtime.restarts()}
+    if runtime.plan is not None:
+        result["operators"] = reporting.committed_counts(runtime.r, runtime.plan)
+        result["dead_letters_by_operator"] = reporting.dead_letter_counts(runtime.r, runtime.plan)
+    report = _write_report(result, report_path, logs)
+    console.print(escape(f"FAILED: {failure.describe()}"))
+    console.print(f"worker logs: {logs}; report: {report}")
+    return result
 
 
 def _suspend(runtime, console, elapsed: float, logs: Path, report_path: str | None, own_redis: bool) -> dict:
@@ -126,8 +153,8 @@ def _suspend(runtime, console, elapsed: float, logs: Path, report_path: str | No
         console.print(f"suspended, but in the run's own Redis, which ends with it: nothing to go on from. Run with "
                       f"--redis-url to suspend and resume. Report: {report}")
     else:
-        console.print(f"suspended at its last commits: `streamjobs run <file> --redis-url {runtime.redis_url}` "
-                      f"goes on from there. Report: {report}")
+        console.print("suspended at its last commits: `streamjobs run <file> --redis-url "
+                      f"{redacted(runtime.redis_url)}` goes on from there. Report: {report}")
     return result
 
 
@@ -176,7 +203,7 @@ def _tick(runtime, console, autoscaler) -> bool:
     """Supervise, finish a rescale a dead controller left, carry out requests, let the autoscaler decide;
     True when bounded sources have finished."""
     for what in runtime.supervise():
-        console.print(f"restarted {what}")
+        console.print(escape(f"worker died: {what}"))
     _resume_rescale(runtime, console)
     # escape: a change names its operator in brackets (spec.stages[tag]), which rich would take for a style
     try:
@@ -197,7 +224,7 @@ def _tick(runtime, console, autoscaler) -> bool:
                 said = (f"rescaled {record.operator} {record.from_parallelism} -> {record.to_parallelism} "
                         f"({record.strategy}): pause {record.pause_ms:.0f} ms")
             console.print(escape(said))
-    except redis.ConnectionError:
+    except (redis.ConnectionError, JobFailed):
         raise
     except Exception as exc:  # noqa: BLE001 - what it left in Redis is resumed or rolled back next tick
         console.print(escape(f"rescale or reconfiguration failed: {exc}"))
@@ -221,9 +248,14 @@ def _verify(runtime: LocalRuntime, drained: bool, logs: Path) -> dict:
 
     if not drained:
         return {"correct": False, "reason": "the job did not drain; its output is incomplete"}
-    with _jvm_console_to(logs / "oracle-spark.log"):
-        session = spark.session("local[2]", "2g")
-    return oracle.verify(session, runtime.r, runtime.plan)
+    try:
+        with _jvm_console_to(logs / "oracle-spark.log"):
+            session = spark.session("local[2]", "2g")
+        return oracle.verify(session, runtime.r, runtime.plan)
+    except Exception as exc:  # noqa: BLE001 - a verification that cannot finish says so; the report is written
+        lines = str(exc).strip().splitlines()
+        return {"correct": None, "reason": f"the verification could not finish: {type(exc).__name__}: "
+                                           f"{lines[0][:500] if lines else ''} (see {logs / 'oracle-spark.log'})"}
 
 
 @contextlib.contextmanager
@@ -259,11 +291,23 @@ def _summary(console: Console, result: dict, report: Path) -> None:
         console.print(f"load shedding: source {op} dropped {shed:,} records (each batch logged in the shed stream)")
     verification = result.get("verification")
     if verification:
-        verdict = "correct" if verification.get("correct") else "NOT correct"
-        console.print(f"verification: {verdict}, lost {verification.get('lost')}, duplicated "
-                      f"{verification.get('duplicated')}" + (f" ({verification['reason']})"
-                                                               if verification.get("reason") else ""))
+        console.print(escape(_verdict(verification)))
     console.print(f"report: {report}")
+
+
+def _verdict(verification: dict) -> str:
+    correct = verification.get("correct")
+    if correct is None:
+        return f"verification: not decided ({verification.get('reason')})"
+    said = (f"verification: {'correct' if correct else 'NOT correct'}, lost {verification.get('lost')}, "
+            f"duplicated {verification.get('duplicated')}, unexpected {verification.get('unexpected')}")
+    left_out = {op: n for op, kinds in (verification.get("left_out") or {}).items() for n in [sum(kinds.values())]}
+    if left_out:
+        said += "; left out as the job dead-lettered them: " + ", ".join(f"{op} {n:,}" for op, n in left_out.items())
+    unchecked = [name for name, sink in verification.get("sinks", {}).items() if sink.get("checked") is False]
+    if unchecked:
+        said += f"; not compared: {', '.join(unchecked)} (see the report)"
+    return said + (f" ({verification['reason']})" if verification.get("reason") else "")
 
 
 def stop_on_terminal_signals() -> None:
