@@ -104,7 +104,7 @@ def resplit(store: RedisJobStore, max_parallelism: int) -> JobPlan:
     for stage in previous.spec.stages:
         layout = state_layout(stage)
         if layout is not None:
-            _write_state(pipe, keys, stage, old, _state_rows(store, keys, stage.name, old, layout), max_parallelism)
+            _write_state(pipe, keys, stage, old, state_rows(store, keys, stage.name, old, layout), max_parallelism)
     heard = {}
     for s in _streams(previous):
         names = [keys.kg_stream(s.tail, s.consumer, kg) for kg in range(old)]
@@ -187,7 +187,7 @@ def _routed(records: pa.Table | None, key_by: tuple[str, ...] | None, max_parall
     return [(kg, records.filter(pa.array(kgs == kg))) for kg in np.unique(kgs).tolist()]
 
 
-def _state_rows(store: RedisJobStore, keys: JobKeys, op: str, key_groups: int, layout) -> pa.Table | None:
+def state_rows(store: RedisJobStore, keys: JobKeys, op: str, key_groups: int, layout) -> pa.Table | None:
     """Every row of a stage's state: each key group's snapshot with its changelog after it."""
     pipe = store.r.pipeline(transaction=False)
     for kg in range(key_groups):
