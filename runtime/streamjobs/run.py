@@ -17,6 +17,7 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 from streamjobs_autoscaler.topology import Topology
+from streamjobs_core import deadletters
 from streamjobs_core.connect import redacted
 from streamjobs_core.control import ControlRecord, ReconfigureRecord
 from streamjobs_core.savepoint import Savepoint
@@ -105,6 +106,8 @@ def _run(runtime: LocalRuntime, console: Console, logs: Path, own_redis: bool, d
         ),
         "dead_letters": int(runtime.r.xlen(runtime.keys.dead_letter)),
         "dead_letters_by_operator": reporting.dead_letter_counts(runtime.r, runtime.plan),
+        # per operator and kind (undecodable, oversize, future, rejected, late, quarantined)
+        "dead_letters_by_kind": deadletters.totals(runtime.r, runtime.keys.dead_letter_totals),
         "shed": {op.decode(): int(n) for op, n in runtime.r.hgetall(runtime.keys.shed_totals).items()},
         "rescales": [record.as_dict() for record in runtime.jobs.rescale_history()],
         "reconfigurations": [record.as_dict() for record in runtime.jobs.reconfigure_history()],

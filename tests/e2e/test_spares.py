@@ -4,6 +4,7 @@ replace an instance killed with SIGKILL; the output stays exact."""
 from __future__ import annotations
 
 import signal
+import time
 
 from rich.console import Console
 from streamjobs_core.loading import load_job, parse_job
@@ -50,7 +51,10 @@ def test_spares_are_promoted_demoted_and_replace_a_killed_instance(redis_server,
             killed = runtime.instances[("count", 0)].process
             runtime.kill("count", 0, signal.SIGKILL)
             killed.wait()
-            runtime.supervise()  # restarts count/0 from the spare
+            deadline = time.monotonic() + 10
+            while pid(runtime, 0) == killed.pid and time.monotonic() < deadline:
+                runtime.supervise()  # restarts count/0 from the spare, after restarts.initialBackoffMs
+                time.sleep(0.1)
             seen["replaced_by_spare"] = pid(runtime, 0) == seen["spare"]
             seen["step"] = 4
         elif step == 4 and elapsed >= 30:
