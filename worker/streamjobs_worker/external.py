@@ -387,9 +387,10 @@ def record_id(entry_id: bytes, row: int | None) -> bytes:
 
 
 # Reads entries after a cursor (up to `last`) of each stream, `count` per stream at most, in one round trip
-# with Redis's clock: an entry past the entry limit comes back as {id, size, its first fields cut}, and the
-# read stops before the entry that would take the batch past the byte budget (the first always fits).
-# XRANGE's exclusive start needs Redis 6.2; no ID follows the largest one.
+# with Redis's clock: an entry past the entry limit comes back as {id, size, its first fields cut} (and its
+# stream's flag says it holds one), and the read stops before the entry that would take the batch past the
+# byte budget (the first always fits). XRANGE's exclusive start needs Redis 6.2; no ID follows the largest.
+# Entries go back as XRANGE gave them where nothing was cut: the script's cost is Lua's copy of the reply.
 _BOUNDED_READ = """
 local count, max_entry, budget, shown = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local now = redis.call('TIME')
@@ -397,25 +398,29 @@ local reply = {now[1], now[2], 0}
 local total = 0
 for i, key in ipairs(KEYS) do
   local after, last = ARGV[3 + 2 * i], ARGV[4 + 2 * i]
-  local out = {}
+  local entries = {}
   if after ~= '18446744073709551615-18446744073709551615' then
-    for _, entry in ipairs(redis.call('XRANGE', key, '(' .. after, last, 'COUNT', count)) do
-      local fields, size = entry[2], 0
-      for j = 1, #fields do size = size + #fields[j] end
-      if size > max_entry then
-        local cut = {}
-        for j = 1, math.min(#fields, 16) do cut[j] = string.sub(fields[j], 1, shown) end
-        out[#out + 1] = {entry[1], size, cut}
-      elseif total > 0 and total + size > budget then
-        reply[3] = 1
-        break
-      else
-        total = total + size
-        out[#out + 1] = entry
-      end
+    entries = redis.call('XRANGE', key, '(' .. after, last, 'COUNT', count)
+  end
+  local out, stubs = nil, 0
+  for n, entry in ipairs(entries) do
+    local fields, size = entry[2], 0
+    for j = 1, #fields do size = size + #fields[j] end
+    if size > max_entry then
+      local cut = {}
+      for j = 1, math.min(#fields, 16) do cut[j] = string.sub(fields[j], 1, shown) end
+      entries[n] = {entry[1], size, cut}
+      stubs = 1
+    elseif total > 0 and total + size > budget then
+      out = {}
+      for m = 1, n - 1 do out[m] = entries[m] end
+      reply[3] = 1
+      break
+    else
+      total = total + size
     end
   end
-  reply[#reply + 1] = {key, out}
+  reply[#reply + 1] = {key, out or entries, stubs}
   if reply[3] == 1 then break end
 end
 return reply
@@ -455,7 +460,8 @@ class StreamReader:
             args.extend((after, last))
         seconds, micros, cut, *streams = self._script(keys=list(bounds), args=args)
         return Read(int(seconds) * 1000 + int(micros) // 1000,
-                    [(name, [_entry(e) for e in entries]) for name, entries in streams], bool(cut))
+                    [(name, [_entry(e) for e in entries] if stubs else entries) for name, entries, stubs in streams],
+                    bool(cut))
 
 
 def _entry(reply: list) -> tuple[bytes, list | Oversize]:
