@@ -270,3 +270,10 @@ def test_fields_of_another_variant_pass_the_crd_only(validator: Any) -> None:
     assert not list(validator.iter_errors(doc))
     with pytest.raises(ValidationError):
         StreamJob.model_validate(doc)
+
+
+def test_the_spec_reference_is_generated_from_the_model():
+    from streamjobs_core.specdoc import spec_markdown
+
+    reference = Path(__file__).resolve().parents[2] / "docs" / "spec.md"
+    assert reference.read_text() == spec_markdown(), "docs/spec.md is stale: python -m streamjobs_core.specdoc > docs/spec.md"
