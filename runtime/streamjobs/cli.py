@@ -131,34 +131,37 @@ def _answer(fetch, wait_s: float) -> int:
 
 
 def _status(args) -> int:
-    from streamjobs_autoscaler.ports import RedisDecisionLog
-    from streamjobs_core.reconfigure import ReconfigureController
-    from streamjobs_core.rescale import progress
+    from .status import job_status, render
 
     found = _running_job(args)
     if found is None:
         return 1
-    store, plan = found
-    out = {}
-    for op in plan.spec.operators:
-        head = plan.head(op.name)  # a chained operator runs in its chain head's workers
-        assignment = store.assignment(head)
-        out[op.name] = {"parallelism": assignment.parallelism, "epoch": assignment.epoch} if assignment else None
-        if out[op.name] is not None and head != op.name:
-            out[op.name]["chained_to"] = head
-    pending = [vars(request) for request in store.rescale_requests()]
-    history = [record.as_dict() for record in store.rescale_history()]
-    decisions = RedisDecisionLog(store.r, store.keys.autoscaler_decisions, 0).entries()[-5:]
-    reconfiguring = store.reconfigure_state()
-    print(json.dumps({"job": args.job, "plan_version": plan.version, "operators": out,
-                      "rescale_in_progress": progress(store), "rescales_pending": pending, "rescales": history,
-                      "reconfiguration_in_progress": None if reconfiguring is None else
-                      {"version": reconfiguring.version, "changes": list(reconfiguring.changes),
-                       "waiting": ReconfigureController(store).waiting(plan)},
-                      "reconfigurations": [record.as_dict() for record in store.reconfigure_history()],
-                      "control_events": [record.as_dict() for record in store.control_history()[-5:]],
-                      "autoscaler": {"policy": plan.spec.autoscaler.policy, "last_decisions": decisions}}, indent=2))
+    status = job_status(*found)
+    if args.json:
+        print(json.dumps(status.to_json(), indent=2))
+    else:
+        render(status)
     return 0
+
+
+def _output(args) -> int:
+    found = _running_job(args)
+    if found is None:
+        return 1
+    store, plan = found
+    sinks = [sink.name for sink in plan.spec.sinks if sink.type == "redis_stream"]
+    if args.sink not in sinks:
+        print(f"--sink: no redis_stream sink '{args.sink}' (those of '{args.job}': {', '.join(sinks) or 'none'})",
+              file=sys.stderr)
+        return 2
+    after = "-"
+    while True:
+        entries = store.r.xrange(plan.keys.output_stream(args.sink), min=after, count=10_000)
+        for _, fields in entries:
+            print(json.dumps({k.decode(): v.decode("utf-8", "replace") for k, v in fields.items()}))
+        if len(entries) < 10_000:
+            return 0
+        after = "(" + entries[-1][0].decode()
 
 
 def _rescale(args) -> int:
@@ -348,7 +351,7 @@ def _control(args) -> int:
 def _rebalance(args) -> int:
 
     from streamjobs_core.control import RescaleRequest
-    from streamjobs_core.rebalance import balanced, measure
+    from streamjobs_core.rebalance import balanced, measure, measure_committed
     from streamjobs_core.reconfigure import ask
 
     found = _running_operator(args)
@@ -357,7 +360,10 @@ def _rebalance(args) -> int:
     store, plan = found
     op = plan.head(args.operator)
     try:
-        load = measure(lambda event: ask(store, event, args.wait), plan, op, args.measure_s)
+        if args.dry_run:  # nothing through the job: no control event, no plan version
+            load = measure_committed(store, plan, op, args.measure_s)
+        else:
+            load = measure(lambda event: ask(store, event, args.wait), plan, op, args.measure_s)
     except ValueError as exc:
         print(f"--operator: {exc}", file=sys.stderr)
         return 2
@@ -466,10 +472,17 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--no-verify", action="store_true", help="skip the oracle check")
     run.set_defaults(func=_run)
 
-    status = sub.add_parser("status", help="assignment and epoch of a running job")
+    status = sub.add_parser("status", help="a running job's operators: instances, rates, lag, busy share, rescales "
+                            "and decisions")
     status.add_argument("--job", required=True)
     status.add_argument("--redis-url", required=True)
+    status.add_argument("--json", action="store_true", help="everything, as JSON for scripts")
     status.set_defaults(func=_status)
+
+    output = sub.add_parser("output", help="print what a redis_stream sink committed, a JSON object per record")
+    _running_job_args(output, operator=False)
+    output.add_argument("--sink", required=True)
+    output.set_defaults(func=_output)
 
     rescale = sub.add_parser("rescale", help="change an operator's parallelism in a job started by `streamjobs run`")
     rescale.add_argument("--job", required=True)

@@ -179,9 +179,17 @@ def test_a_rebalance_by_load_unloads_the_instance_holding_the_hot_key_groups_exa
     moves some of them, batched, while words flow: count/0's busy share drops, and the output stays exact."""
     from streamjobs.bench.reconfigure import busy_shares, hot_first
 
-    shares, cli = [], []
+    shares, cli, dry = [], [], []
+
+    def streamjobs(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "streamjobs.cli", *args, "--redis-url", redis_server.url],
+                              capture_output=True, text=True, timeout=180)
 
     def rebalance(runtime) -> None:
+        version = runtime.jobs.plan().version
+        dry.append(streamjobs("rebalance", "--job", "skewed", "--operator", "count", "--measure-s", "2", "--dry-run"))
+        dry.append(runtime.jobs.plan().version == version and runtime.jobs.control_history() == [])
+        dry.append(streamjobs("status", "--job", "skewed"))
         shares.append(busy_shares(runtime.jobs, "count", 6))
         cli.append(subprocess.run(
             [sys.executable, "-m", "streamjobs.cli", "rebalance", "--job", "skewed", "--operator", "count",
@@ -195,6 +203,10 @@ def test_a_rebalance_by_load_unloads_the_instance_holding_the_hot_key_groups_exa
     report = run("tests/jobs/skewed.yaml", None, during=lambda runtime, elapsed: elapsed > 12 and start(runtime),
                  prepare=hot_first())
     assert_exact(report)
+    assert dry[0].returncode == 0 and json.loads(dry[0].stdout)["moves"] > 0, dry[0].stderr
+    assert dry[1], "a dry run sent a control event or made a plan version"
+    table = dry[2].stdout
+    assert dry[2].returncode == 0 and "count" in table and "in rec/s" in table and "plan version 0" in table, table
     assert cli[0].returncode == 0, cli[0].stderr
     planned, record = (json.loads(line) for line in cli[0].stdout.splitlines()[-2:])
     # What the rebalance decides on (records per key group) is measured; busy time also holds each instance's

@@ -6,7 +6,7 @@ import pytest
 from streamjobs_core.control import ControlEvent, ControlRecord
 from streamjobs_core.jobstore import MemoryJobStore
 from streamjobs_core.keygroups import Assignment
-from streamjobs_core.rebalance import balanced, measure
+from streamjobs_core.rebalance import balanced, measure, measure_committed
 from streamjobs_core.rescale import RescaleController, RescaleError
 
 from ..jobs.control import control_plan
@@ -56,6 +56,21 @@ def test_load_is_records_read_per_second_between_two_load_events():
     assert load[2] == 250.0 and load[5] == 50.0 and load[0] == 0
     with pytest.raises(ValueError, match="reads no streams"):
         measure(deliver, plan, plan.edges_in(op)[0].upstream, 1.0, sleep=lambda _: None)
+
+
+def test_a_dry_run_measures_load_from_committed_counts_and_sends_no_event():
+    plan = control_plan()
+    store = MemoryJobStore()
+    store.deploy(plan)
+    upstream = plan.edges_in("agg")[0].upstream
+    store.delivered.update({(upstream, "agg", 2): 100, (upstream, "agg", 5): 100})
+
+    def wait(_: float) -> None:
+        store.delivered.update({(upstream, "agg", 2): 600, (upstream, "agg", 5): 200})
+
+    load = measure_committed(store, plan, "agg", 2.0, sleep=wait, clock=iter([0.0, 2.0]).__next__)
+    assert load[2] == 250.0 and load[5] == 50.0 and load[0] == 0
+    assert store.plan().version == 0 and store.control_history() == []  # nothing went through the job
 
 
 def test_a_load_event_that_fails_somewhere_is_not_taken_for_no_load():
