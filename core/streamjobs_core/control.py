@@ -9,6 +9,7 @@ business alone.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import asdict, dataclass, replace
 from enum import StrEnum
 
@@ -93,12 +94,14 @@ class RescaleRecord:
     steps: int | None = None
     released_at_commit: int = 0
     rolled_back: bool = False  # undone in PRESTAGE: the operator kept `from_parallelism`
+    ended_at: float | None = None  # wall clock
 
     @classmethod
     def of(cls, state: RescaleState, pause_ms: float, rescale_s: float | None = None,
            rolled_back: bool = False) -> RescaleRecord:
         return cls(state.operator, state.from_parallelism, state.to_parallelism, state.strategy, state.epoch,
-                   pause_ms, rescale_s, state.moved_key_groups, state.steps, state.released_at_commit, rolled_back)
+                   pause_ms, rescale_s, state.moved_key_groups, state.steps, state.released_at_commit, rolled_back,
+                   round(time.time(), 3))
 
     @property
     def parallelism(self) -> int:
@@ -119,7 +122,7 @@ class RescaleRecord:
         d = json.loads(raw)
         return cls(d["operator"], int(d["from"]), int(d["to"]), Strategy(d["strategy"]), int(d["epoch"]),
                    float(d["pause_ms"]), d.get("rescale_s"), d.get("moved_key_groups"), d.get("steps"),
-                   int(d.get("released_at_commit") or 0), bool(d.get("rolled_back")))
+                   int(d.get("released_at_commit") or 0), bool(d.get("rolled_back")), d.get("ended_at"))
 
 
 @dataclass(frozen=True)

@@ -128,6 +128,9 @@ class LocalRuntime:
     total_restarts: int = 0  # instances come and go with rescales; their restarts still count
     parallelism: dict[str, int] = field(default_factory=dict)
     plan: JobPlan | None = None
+    notes: list[str] = field(default_factory=list)  # what a person starting the run should know (said once)
+    # Called at every wait of a rescale or reconfiguration, which the run's loop waits on: the live view draws.
+    while_waiting: Callable[[], None] = lambda: None
     # Sees the rescale's saved state at each wait of its controller: the chaos command's fault injector.
     rescale_fault: Callable[[RescaleState], None] | None = None
 
@@ -197,6 +200,13 @@ class LocalRuntime:
         self.jobs.forget_processes(running.vertices)
         self.parallelism = {op: (self.jobs.assignment(op) or running.initial_assignment(op)).parallelism
                             for op in running.vertices}
+        rescaled = {change.operator for change in changes.rescales}
+        for op, n in self.parallelism.items():
+            said = wanted.spec.operator(op).parallelism if op in {o.name for o in wanted.spec.operators} else n
+            if said != n and op not in rescaled:  # rescaled while it ran: its assignment says more than the spec
+                self.notes.append(f"{op} goes on with parallelism {n}, as it last ran; its spec says {said}: "
+                                  f"`streamjobs rescale --job {self.job.metadata.name} --operator {op} --parallelism "
+                                  f"{said} --redis-url URL` changes that")
         self._start_all(ready_timeout_s, with_spares=True)  # event time goes on from the first run's origin
         self.resume_reconfigure()
         if changes.changes:
@@ -397,7 +407,7 @@ class LocalRuntime:
     def controller(self) -> RescaleController:
         # Waiting inside a rescale still supervises: an old owner or a standby that dies is restarted.
         return RescaleController(self.jobs, self.plan, self, standby_timeout_s=self.ready_timeout_s,
-                                 sleep=lambda seconds: (self.supervise(), time.sleep(seconds)),
+                                 sleep=self._wait,
                                  on_wait=self.rescale_fault)
 
     def start_standbys(self, op: str, parallelism: int, epoch: int) -> None:
@@ -534,8 +544,13 @@ class LocalRuntime:
         return record
 
     def _reconfigurer(self) -> ReconfigureController:
-        return ReconfigureController(self.jobs, self.ready_timeout_s,
-                                     sleep=lambda seconds: (self.supervise(), time.sleep(seconds)), fleet=self)
+        return ReconfigureController(self.jobs, self.ready_timeout_s, sleep=self._wait, fleet=self)
+
+    def _wait(self, seconds: float) -> None:
+        """A controller's wait: workers that die meanwhile are restarted, and the run's view keeps drawing."""
+        self.supervise()
+        self.while_waiting()
+        time.sleep(seconds)
 
     # --- stop ------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ import signal
 import sys
 import tempfile
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import redis
@@ -75,6 +76,8 @@ def _run(runtime: LocalRuntime, console: Console, logs: Path, own_redis: bool, d
     if runtime.start(prepare=prepare, fresh=fresh, savepoint=savepoint, reset=reset):
         origin = "the savepoint" if savepoint else f"its last commits in {redacted(runtime.redis_url)}"
         console.print(f"resumed {job.metadata.name} from {origin}")
+    for note in runtime.notes:
+        console.print(escape(note))
     started = time.monotonic()
     started_ms = int(time.time() * 1000)
     view = LiveView(runtime.r, runtime.plan, runtime.parallelism)
@@ -114,8 +117,9 @@ def _run(runtime: LocalRuntime, console: Console, logs: Path, own_redis: bool, d
         "control_events": [record.as_dict() for record in runtime.jobs.control_history()],
         "autoscaler": {
             "policy": job.spec.autoscaler.policy,
-            "decisions": autoscaler.log.entries(),
-            "events": events.events,
+            "decisions": [_timed(entry, entry.get("time"), started, started_ms) for entry in autoscaler.log.entries()],
+            "events": [_timed(event, event["time"] - started_ms / 1000 + started, started, started_ms)
+                       for event in events.events],
             "final_parallelism": dict(runtime.parallelism),
         },
     }
@@ -125,6 +129,15 @@ def _run(runtime: LocalRuntime, console: Console, logs: Path, own_redis: bool, d
     report = _write_report(result, report_path, logs)
     _summary(console, result, report)
     return result
+
+
+def _timed(entry: dict, monotonic: float | None, started: float, started_ms: int) -> dict:
+    """An entry timed by the run's monotonic clock, also in seconds since the run started and as wall time."""
+    if monotonic is None:
+        return entry
+    since = monotonic - started
+    at = datetime.fromtimestamp(started_ms / 1000 + since, UTC).isoformat(timespec="milliseconds")
+    return {**entry, "t_s": round(since, 2), "at": at}
 
 
 def _failed(runtime: LocalRuntime, console: Console, exc: JobFailed, logs: Path, report_path: str | None) -> dict:
@@ -171,35 +184,68 @@ def _write_report(result: dict, report_path: str | None, logs: Path) -> Path:
 
 def _run_live(runtime, view, console, duration_s, during, started, autoscaler) -> bool:
     deadline = None if duration_s is None else started + duration_s
-    live_table = console.is_terminal
-    last_line = 0.0
+    rescales = len(runtime.jobs.rescale_history())
     try:
-        with Live(console=console, refresh_per_second=2, transient=False) if live_table else contextlib.nullcontext() as live:
+        with Live(console=console, refresh_per_second=2, transient=False) if console.is_terminal \
+                else contextlib.nullcontext() as live:
+            draw = _Drawing(view, console, live)
+            runtime.while_waiting = draw.now  # a rescale or reconfiguration holds the loop: the view goes on
             while deadline is None or time.monotonic() < deadline:
                 if during is not None:
                     during(runtime, time.monotonic() - started)
                 try:
                     if _tick(runtime, console, autoscaler):
                         return False  # bounded sources have finished
+                    rescales = _rescaled(runtime, console, rescales)
                     if runtime.jobs.suspend_requested():
                         return False
                     view.plan = runtime.plan  # a live reconfiguration adds and removes operators
-                    rows = view.rows()
+                    draw.now()
                 except redis.ConnectionError as exc:  # BusyLoadingError too: Redis replays its AOF
                     # The workers die and are restarted from their commits; the runtime waits it out.
                     console.print(f"redis unavailable ({exc}); retrying")
                     time.sleep(0.5)
                     continue
-                if live is not None:
-                    live.update(view.render(rows))
-                elif time.monotonic() - last_line >= 5:
-                    last_line = time.monotonic()
-                    console.print(" | ".join(f"{r['operator']} {r['parallelism']} {r['in_per_s']:.0f}/s lag {r['lag']:.0f}"
-                                             for r in rows))
                 time.sleep(0.5)
     except KeyboardInterrupt:
         return True
+    finally:
+        runtime.while_waiting = lambda: None
     return False
+
+
+class _Drawing:
+    """The live table (a line every 5 s where the output is not a terminal), drawn at most twice a second."""
+
+    def __init__(self, view: LiveView, console: Console, live) -> None:
+        self.view, self.console, self.live = view, console, live
+        self.last = self.last_line = 0.0
+
+    def now(self) -> None:
+        if time.monotonic() - self.last < 0.5:
+            return
+        self.last = time.monotonic()
+        rows = self.view.rows()
+        if self.live is not None:
+            self.live.update(self.view.render(rows))
+        elif self.last - self.last_line >= 5:
+            self.last_line = self.last
+            self.console.print(" | ".join(f"{r['operator']} inst {r['parallelism']} in {r['in_per_s']:.0f}/s lag "
+                                          f"{r['lag']:.0f}" for r in rows))
+
+
+def _rescaled(runtime, console, seen: int) -> int:
+    """Say each rescale that ended since the `seen` first, whoever asked for it (the CLI, the autoscaler)."""
+    history = runtime.jobs.rescale_history(seen)
+    for record in history:
+        if record.rolled_back:
+            console.print(f"rescale of {record.operator} {record.from_parallelism} -> {record.to_parallelism} "
+                          "rolled back")
+            continue
+        took = f" in {record.rescale_s:.1f} s" if record.rescale_s is not None else ""
+        console.print(f"rescaled {record.operator} {record.from_parallelism} -> {record.to_parallelism} "
+                      f"({record.strategy.value}){took}: key groups paused {record.pause_ms:,.0f} ms at most")
+    return seen + len(history)
 
 
 def _tick(runtime, console, autoscaler) -> bool:
@@ -224,8 +270,7 @@ def _tick(runtime, console, autoscaler) -> bool:
                     f"refused: {record.refused}" if record.refused else
                     f"{len(record.replies)} replies at plan version {record.version}")
             else:
-                said = (f"rescaled {record.operator} {record.from_parallelism} -> {record.to_parallelism} "
-                        f"({record.strategy}): pause {record.pause_ms:.0f} ms")
+                continue  # a rescale is said once it ended, whoever asked for it (_rescaled)
             console.print(escape(said))
     except (redis.ConnectionError, JobFailed):
         raise
@@ -287,9 +332,16 @@ def _summary(console: Console, result: dict, report: Path) -> None:
                       f"{result['dead_letters_by_operator'].get(op, 0):,}")
     console.print(table)
     latency = result["latency_ms"]
-    if latency.get("p50_ms") is not None:
+    if latency.get("p50_ms") is not None and latency["p50_ms"] > (result["duration_s"] + 60) * 1000:
+        console.print("latency at the sinks: not shown, results are timed from event times older than the run "
+                      "(input written before it)")
+    elif latency.get("p50_ms") is not None:
         console.print(f"latency at the sinks: p50 {latency['p50_ms']:,.0f} ms, "
                       f"p99 {latency['p99_ms']:,.0f} ms, max {latency['max_ms']:,.0f} ms")
+        half = result["latency_second_half_ms"]
+        if half.get("p50_ms") is not None:
+            console.print(f"  second half of the run: p50 {half['p50_ms']:,.0f} ms, p99 {half['p99_ms']:,.0f} ms "
+                          "(without the first batches' compilation and JIT warm-up, and the drain)")
     for op, shed in result["shed"].items():
         console.print(f"load shedding: source {op} dropped {shed:,} records (each batch logged in the shed stream)")
     verification = result.get("verification")

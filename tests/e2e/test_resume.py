@@ -68,10 +68,15 @@ def test_a_run_killed_with_its_workers_goes_on_exactly_and_a_drained_one_ends(re
 
 def test_a_job_stopped_without_draining_goes_on_from_its_last_commits_exactly(redis_server, tmp_path):
     """`streamjobs stop` (no --drain): every worker stops after its last commit, with windows still open; the
-    next `streamjobs run --redis-url` goes on from there, and the output of both runs is exact."""
+    next `streamjobs run --redis-url` goes on from there (at the parallelism the first run was rescaled to, which
+    it says), and the output of both runs is exact."""
     r = redis.Redis.from_url(redis_server.url)
     jobs = RedisJobStore(r, "wordcount-small")
     first = _first_run(redis_server.url, r, jobs)
+    rescale = subprocess.run([sys.executable, "-m", "streamjobs.cli", "rescale", "--job", "wordcount-small",
+                              "--operator", "count", "--parallelism", "1", "--redis-url", redis_server.url],
+                             capture_output=True, text=True, timeout=180)
+    assert rescale.returncode == 0, rescale.stderr
     stop = subprocess.run([sys.executable, "-m", "streamjobs.cli", "stop", "--job", "wordcount-small", "--redis-url",
                            redis_server.url], capture_output=True, text=True, timeout=180)
     assert stop.returncode == 0 and "stopped at its last commits" in stop.stdout, stop.stderr
@@ -83,6 +88,8 @@ def test_a_job_stopped_without_draining_goes_on_from_its_last_commits_exactly(re
     second = _run(redis_server.url, "--duration", "15", "--report", str(report))
     stdout, stderr = second.communicate(timeout=240)
     assert second.returncode == 0 and "resumed wordcount-small from its last commits" in stdout, stderr
+    # Its spec says 2 instances of count, the run it goes on from had 1: it says so and how to change it.
+    assert "count goes on with parallelism 1, as it last ran; its spec says 2" in " ".join(stdout.split()), stdout
     verification = json.loads(report.read_text())["verification"]
     assert (verification["correct"], verification["lost"], verification["duplicated"]) == (True, 0, 0), verification
     assert not jobs.suspend_requested()
