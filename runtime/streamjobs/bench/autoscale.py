@@ -196,13 +196,17 @@ def plot(scenarios: dict, path: str) -> None:
             axes[2][col].step(t, [row["parallelism"] for row in rows], style, where="post", label=policy)
             for decision in by_policy[policy]["decisions"]:
                 axes[2][col].axvline(decision["t"], linestyle=style, alpha=0.3)
-        axes[0][col].set_title(name)
+                if "from" in decision and "to" in decision:
+                    axes[2][col].annotate(f"{policy}: {decision['from']}->{decision['to']}", (decision["t"], decision["to"]),
+                                          textcoords="offset points", xytext=(3, 4), fontsize="x-small")
+        axes[0][col].set_title(f"load profile: {name}")
         axes[0][col].set_ylabel("records/s")
         axes[1][col].set_ylabel("lag (records)")
-        axes[2][col].set_ylabel("instances")
-        axes[2][col].set_xlabel("s")
+        axes[2][col].set_ylabel("instances (lines: decisions)")
+        axes[2][col].set_xlabel("time since the start (s)")
         for row in axes:
             row[col].legend(fontsize="small")
+    fig.suptitle("streamjobs bench autoscale: offered load, throughput, lag and instances per policy")
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=80)

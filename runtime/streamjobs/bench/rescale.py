@@ -379,13 +379,17 @@ def plot(runs: dict, path: str) -> None:
         for rescale in measured["rescales"]:
             for ax in (axes[0][col], axes[1][col]):
                 ax.axvspan(rescale["start_s"], rescale["end_s"], alpha=0.15)
-        axes[0][col].set_title(f"{name} ({measured['state_mb']:.0f} MB state)")
+            if "from" in rescale and "to" in rescale:
+                axes[1][col].annotate(f"rescale {rescale['from']}->{rescale['to']}", (rescale["start_s"], 0),
+                                      textcoords="offset points", xytext=(2, 4), fontsize="x-small")
+        axes[0][col].set_title(f"strategy {name} ({measured['state_mb']:.0f} MB state)")
         axes[0][col].set_yscale("log")
         axes[0][col].set_ylabel("e2e latency (ms)")
-        axes[1][col].set_ylabel("records")
-        axes[1][col].set_xlabel("s (shaded: rescale in progress)")
+        axes[1][col].set_ylabel("records out per 100 ms")
+        axes[1][col].set_xlabel("time since the start (s); shaded: a rescale in progress")
         for ax in (axes[0][col], axes[1][col]):
             ax.legend(fontsize="small")
+    fig.suptitle("streamjobs bench rescale: latency at the sink and output while the job rescales")
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=80)
