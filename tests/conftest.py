@@ -17,6 +17,22 @@ _LAYERS = ("unit", "integration", "e2e", "operator")
 os.environ.setdefault("STREAMJOBS_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1")
 
 
+_SPENT: dict[str, float] = {}  # seconds per layer: setup, call and teardown of its tests
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    parts = report.nodeid.split("/")
+    layer = parts[1] if len(parts) > 2 and parts[1] in _LAYERS else "other"
+    _SPENT[layer] = _SPENT.get(layer, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """Where the run's time went, per layer (`make test` prints it at the end of each pytest run)."""
+    if _SPENT:
+        spent = ", ".join(f"{layer} {seconds:,.0f} s" for layer, seconds in _SPENT.items())
+        terminalreporter.write_line(f"time per layer: {spent}")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         parts = Path(str(item.fspath)).parts
@@ -47,4 +63,5 @@ def r(redis_server):
 def spark():
     from streamjobs_worker import spark as worker_spark
 
-    return worker_spark.session("local[1]", "1g")
+    # Two task threads and room for the e2e tests whose workers run as threads of this process (one JVM).
+    return worker_spark.session("local[2]", "2g")

@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import os
 import re
-import resource
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -40,11 +38,8 @@ from streamjobs_core.reconfigure import ReconfigureController, Refused, diff
 from streamjobs_core.rescale import RescaleController
 from streamjobs_core.savepoint import Savepoint, check, read_restore_from, restore
 from streamjobs_core.spec import StreamJob
-from streamjobs_worker.parent import parent_env
 
-# A waiting spare warms up on the CPU the job leaves idle, not on its workers' share.
-SPARE_NICENESS = 19
-
+from .launchers import Launcher, ProcessLauncher
 
 _ERROR_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*([A-Za-z_]\w*(?:Error|Exception|Column)): (.+)$")
 
@@ -72,16 +67,6 @@ def _exit_said(code: int, error: str | None) -> str:
         except ValueError:
             return f"killed by signal {-code}"
     return f"exit {code}{f': {error}' if error else ''}"
-
-
-def _can_raise_priority() -> bool:
-    """Whether a process this runtime lowers in priority can be raised back (root, or RLIMIT_NICE allows it)."""
-    return os.geteuid() == 0 or resource.getrlimit(resource.RLIMIT_NICE)[0] >= 20
-
-
-def _full_priority(pid: int) -> None:
-    # The process group: the spare, its JVM and every thread of both.
-    os.setpriority(os.PRIO_PGRP, pid, 0)
 
 
 class PreviousRun(RuntimeError):
@@ -118,6 +103,7 @@ class LocalRuntime:
     job: StreamJob
     redis_url: str
     log_dir: Path
+    launcher: Launcher = field(default_factory=ProcessLauncher)  # ThreadLauncher: a job in this process's threads
     restart_workers: bool = True
     ready_timeout_s: float = 180.0
     instances: dict[tuple[str, int], _Instance] = field(default_factory=dict)
@@ -226,19 +212,8 @@ class LocalRuntime:
             f"{op}-{index}", op, "--instance", str(index), *standby)
 
     def _popen(self, log_name: str, op: str, *args: str, spare: bool = False) -> subprocess.Popen:
-        with open(self.log_dir / f"{log_name}.log", "ab") as log:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "streamjobs_worker", "--job", self.job.metadata.name, "--operator", op,
-                 *args],
-                # In the environment, not the command line: a password in the URL stays out of `ps`. No worker
-                # outlives the runtime, even when the runtime itself is killed (parent.py).
-                env={**os.environ, "STREAMJOBS_REDIS_URL": self.redis_url, **parent_env()},
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            )
-        if spare and _can_raise_priority():
-            # Its own process group (a new session): its JVM, started later, inherits the niceness.
-            os.setpriority(os.PRIO_PGRP, process.pid, SPARE_NICENESS)
-        return process
+        return self.launcher.start(self.log_dir / f"{log_name}.log",
+                                   ["--job", self.job.metadata.name, "--operator", op, *args], self.redis_url, spare)
 
     # --- warm spares (spares.py) -------------------------------------------------
 
@@ -280,8 +255,7 @@ class LocalRuntime:
             spare = pool.pop(0)
             if spare.process.poll() is not None:
                 continue
-            if _can_raise_priority():
-                _full_priority(spare.process.pid)
+            self.launcher.full_priority(spare.process)
             self.jobs.promote(op, spare.name, promotion)
             self.promoted += 1
             return spare.process
@@ -565,7 +539,7 @@ class LocalRuntime:
             try:
                 process.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
+                self.launcher.kill_group(process)
                 process.wait()
             self.jobs.unregister(*key)
 

@@ -26,6 +26,7 @@ from streamjobs_core.spec import StreamJob
 
 from . import report as reporting
 from .autoscaling import local_autoscaler
+from .launchers import Launcher, ProcessLauncher
 from .live import LiveView, latency_samples, percentiles
 from .local import JobFailed, LocalRuntime
 from .redis_server import RedisServer
@@ -45,6 +46,7 @@ def run_job(
     fresh: bool = True,
     savepoint: Savepoint | None = None,
     reset: tuple[str, ...] = (),
+    launcher: Launcher | None = None,
 ) -> dict:
     """Run until duration (or Ctrl-C, or bounded sources finish), drain, verify, report.
 
@@ -52,7 +54,8 @@ def run_job(
     is called about every 0.5 s while the job runs (chaos in tests); `prepare(r, plan)` before
     any worker starts. Unless `fresh`, a run of the job that `redis_url` holds goes on from its
     last commits (LocalRuntime.start); from `savepoint`'s, when given. Going on under a changed spec,
-    the stateful stages in `reset` start their state afresh.
+    the stateful stages in `reset` start their state afresh. `launcher`: how workers start (processes by
+    default; launchers.ThreadLauncher runs them in this process).
     """
     console = console or Console()
     with contextlib.ExitStack() as stack:
@@ -60,7 +63,7 @@ def run_job(
         if own_redis:
             redis_url = stack.enter_context(RedisServer()).url
         logs = Path(log_dir or tempfile.mkdtemp(prefix=f"streamjobs-{job.metadata.name}-"))
-        runtime = LocalRuntime(job, redis_url, logs)
+        runtime = LocalRuntime(job, redis_url, logs, launcher or ProcessLauncher())
         stack.callback(runtime.shutdown)
         console.print(f"starting {job.metadata.name} on {redacted(redis_url)}: workers log to {logs}")
         try:

@@ -18,7 +18,7 @@ def job_file():
 
 @pytest.fixture
 def run(redis_server, tmp_path):
-    """Run a job on the session's redis-server and return the report."""
+    """Run a job on the session's redis-server, a process per worker, and return the report."""
     from streamjobs.run import run_job
 
     def _run(path: str, duration_s: float, **kwargs) -> dict:
@@ -28,12 +28,32 @@ def run(redis_server, tmp_path):
     return _run
 
 
+@pytest.fixture
+def run_in_process(run):
+    """As `run`, every worker a thread of this process (one JVM): for tests whose subject is what a job computes
+    and how it stays exact, not its processes. A SIGKILL abandons a thread as it would a process."""
+    from streamjobs.launchers import ThreadLauncher
+
+    return lambda path, duration_s, **kwargs: run(path, duration_s, launcher=ThreadLauncher(), **kwargs)
+
+
 def assert_exact(report: dict) -> None:
     verification = report["verification"]
     assert verification["lost"] == 0, verification
     assert verification["duplicated"] == 0, verification
     assert verification["correct"] is True, verification
     assert report["drained"]
+
+
+def grown(r, key: str, by: int, timeout_s: float = 60.0) -> None:
+    """Wait until the stream `key` holds `by` more entries than now: records flowed, however fast the machine."""
+    import time
+
+    target = r.xlen(key) + by
+    deadline = time.monotonic() + timeout_s
+    while r.xlen(key) < target:
+        assert time.monotonic() < deadline, f"{key} did not grow by {by} in {timeout_s:.0f} s"
+        time.sleep(0.1)
 
 
 def killer(schedule: list[tuple[float, str, int]]):

@@ -7,7 +7,7 @@ import signal
 from .conftest import assert_exact
 
 
-def test_ds2_scales_out_an_overloaded_stage_live_with_an_exact_result(run):
+def test_ds2_scales_out_an_overloaded_stage_live_with_an_exact_result(run_in_process):
     killed = []
 
     def during(runtime, elapsed: float) -> None:
@@ -17,7 +17,7 @@ def test_ds2_scales_out_an_overloaded_stage_live_with_an_exact_result(run):
         if runtime.parallelism["count"] > 1 and elapsed > 45:
             runtime.request_stop()
 
-    report = run("tests/jobs/autoscaled.yaml", 150, during=during)
+    report = run_in_process("tests/jobs/autoscaled.yaml", 150, during=during)
     decisions = [d for d in report["autoscaler"]["decisions"] if d.get("executed")]
     assert decisions, report["autoscaler"]
     first = next(o for o in decisions[0]["operators"] if o["operator"] == "count")

@@ -31,12 +31,12 @@ def worker_processes(job: str) -> list[int]:
 
 
 @pytest.mark.parametrize("example", [*(f"examples/nexmark-q{q}.yaml" for q in range(1, 9)), "examples/ysb.yaml"])
-def test_example_equals_oracle(run, example):
-    report = run(example, 12)
+def test_example_equals_oracle(run_in_process, example):
+    report = run_in_process(example, 8)
     assert_exact(report)
     assert sum(report["verification"]["sinks"][s]["expected"] for s in report["verification"]["sinks"]) > 0
     source = load_job(ROOT / example).spec.sources[0]
-    assert report["operators"][source.name]["records_out"] > 6 * source.rate.records_per_second, \
+    assert report["operators"][source.name]["records_out"] > 4 * source.rate.records_per_second, \
         "the source ran at its rate"
 
 
@@ -69,11 +69,11 @@ def test_cli_run_stopped_by_sighup_reports_verifies_quietly_and_leaves_no_proces
     with pytest.raises(redis.ConnectionError):
         r.ping()
 
-def test_an_interval_left_join_survives_sigkills_exactly(run):
-    """Both instances of an interval left join are SIGKILLed: its waiting rows, and which of them met a
-    partner (an unmatched one is emitted once its interval passes), come back from the changelog."""
-    kills = killer([(8, "early-bids", 0), (14, "early-bids", 1)])
-    report = run("tests/jobs/auctions-bids.yaml", 22, during=kills)
+def test_an_interval_left_join_survives_sigkills_exactly(run_in_process):
+    """Both instances of an interval left join are killed: its waiting rows, and which of them met a partner
+    (an unmatched one is emitted once its interval passes), come back from the changelog."""
+    kills = killer([(6, "early-bids", 0), (10, "early-bids", 1)])
+    report = run_in_process("tests/jobs/auctions-bids.yaml", 16, during=kills)
     assert len(kills.killed) == 2 and report["restarts"] >= 2
     sink = report["verification"]["sinks"]["early-bids-out"]
     assert sink["expected"] > 500

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import redis
 from rich.console import Console
+from streamjobs.launchers import ThreadLauncher
 from streamjobs.run import run_job
 from streamjobs_core import shedding
 from streamjobs_core.jobstore import RedisJobStore
@@ -34,7 +35,7 @@ def _job():
 
 def test_an_overloaded_source_sheds_counted_and_the_rest_is_exact_under_sigkill(redis_server, tmp_path):
     during = killer([(8, "words", 0), (12, "out", 0), (16, "words", 0)])
-    report = run_job(_job(), 22, redis_url=redis_server.url, console=Console(force_terminal=False),
+    report = run_job(_job(), 22, redis_url=redis_server.url, console=Console(force_terminal=False), launcher=ThreadLauncher(),
                      log_dir=str(tmp_path), during=during)
     assert len(during.killed) == 3 and report["restarts"] >= 3
     shed = report["shed"].get("words", 0)
@@ -73,7 +74,7 @@ def test_an_external_stream_sheds_its_lowest_priorities_logs_their_ids_and_the_r
         redis_server, tmp_path):
     during = killer([(3, "orders", 0), (7, "orders", 0)])
     job = _external_job()
-    report = run_job(job, 16, redis_url=redis_server.url, console=Console(force_terminal=False),
+    report = run_job(job, 16, redis_url=redis_server.url, console=Console(force_terminal=False), launcher=ThreadLauncher(),
                      log_dir=str(tmp_path), during=during, prepare=_feed)
     assert len(during.killed) == 2 and report["restarts"] >= 2
     r = redis.Redis.from_url(redis_server.url)

@@ -13,9 +13,9 @@ def _table(r, plan) -> None:
     pipe.execute()
 
 
-def test_an_enriched_job_survives_a_sigkill_of_its_lookup_worker_exactly(run):
+def test_an_enriched_job_survives_a_sigkill_of_its_lookup_worker_exactly(run_in_process):
     kills = killer([(6.0, "words", 1)])  # the source's chain runs the lookup
-    report = run("tests/jobs/enriched-words.yaml", 16, during=kills, prepare=_table)
+    report = run_in_process("tests/jobs/enriched-words.yaml", 16, during=kills, prepare=_table)
     assert kills.killed == ["words/1"] and report["restarts"] >= 1
     assert_exact(report)
     counts = report["operators"]

@@ -14,7 +14,7 @@ from streamjobs_core.jobstore import RedisJobStore
 from streamjobs_core.layout import JobKeys
 from streamjobs_core.loading import load_job
 
-from .conftest import ROOT, assert_exact, in_a_thread
+from .conftest import ROOT, assert_exact, grown, in_a_thread
 
 # An `over` stage after `tag` on a worker of its own: records wait in its state until the watermark passes them.
 # Its aggregates are of event_time only (`k` counts up to 3), so that records tied on it, which go out in no
@@ -30,7 +30,8 @@ def with_recent(path: str, out) -> None:
     out.write_text(yaml.safe_dump(doc))
 
 
-def test_a_new_query_where_and_stages_switch_at_one_cut_through_sigkills_mid_alignment(redis_server, run, tmp_path):
+def test_a_new_query_where_and_stages_switch_at_one_cut_through_sigkills_mid_alignment(redis_server, run_in_process,
+                                                                                         tmp_path):
     """`tag` (a query on its own workers) and `count` (a window) change live while words flow; a `tag` and a
     `count` instance are SIGKILLed while the barriers travel. Every record is processed under the plan in
     force at its source offset by every operator: the oracle replays each one under its version, so a record
@@ -114,14 +115,15 @@ def test_a_new_query_where_and_stages_switch_at_one_cut_through_sigkills_mid_ali
             # words/0 (its chain gains `mark`) comes back while the version is out; tag/1 then meets the barriers
             reconfigure_cli(added, lambda: (kill_once_published("words", 0), kill("tag", 1),
                                             kill_once_switched("recent", 0, 2)))
-            time.sleep(2)  # words flow through `mark`, and count holds rows of both versions
+            tagged = runtime.keys.output_stream("tagged")
+            grown(runtime.r, tagged, 1500)  # words flow through `mark`, and count holds rows of both versions
             kill("count", 0)
-            time.sleep(2)
+            grown(runtime.r, tagged, 1500)
             # as the sources switch: retagged/0, new, and tagged/0, which comes back to pass the barriers on
             produce(300, 0)
             reconfigure_cli(removed, lambda: (kill_once_published("retagged", 0), kill("tagged", 0)))
             produce(300, 300)
-            time.sleep(8)  # words flow under the last version
+            grown(runtime.r, runtime.keys.output_stream("retagged"), 5000)  # words flow under the last version
         finally:
             runtime.request_stop()  # however long the changes took on a loaded machine
 
@@ -131,7 +133,7 @@ def test_a_new_query_where_and_stages_switch_at_one_cut_through_sigkills_mid_ali
         if elapsed > 12:
             reconfigure(runtime)
 
-    report = run(str(first), None, during=during)
+    report = run_in_process(str(first), None, during=during)
     assert_exact(report)
     assert list(killed) == ["tag/0", "count/1", "words/0", "tag/1", "recent/0", "count/0", "retagged/0",
                             "tagged/0"] and report["restarts"] >= 8
@@ -174,7 +176,7 @@ def test_a_new_query_where_and_stages_switch_at_one_cut_through_sigkills_mid_ali
     assert any(b"latest" in f for f in recents) and any(b"latest" not in f for f in recents)
 
 
-def test_a_rebalance_by_load_unloads_the_instance_holding_the_hot_key_groups_exactly(redis_server, run):
+def test_a_rebalance_by_load_unloads_the_instance_holding_the_hot_key_groups_exactly(redis_server, run_in_process):
     """The hottest key groups all start on count/0; `streamjobs rebalance` measures each key group's load and
     moves some of them, batched, while words flow: count/0's busy share drops, and the output stays exact."""
     from streamjobs.bench.reconfigure import busy_shares, hot_first
@@ -200,7 +202,8 @@ def test_a_rebalance_by_load_unloads_the_instance_holding_the_hot_key_groups_exa
         runtime.request_stop()
 
     start = in_a_thread(rebalance)
-    report = run("tests/jobs/skewed.yaml", None, during=lambda runtime, elapsed: elapsed > 12 and start(runtime),
+    report = run_in_process("tests/jobs/skewed.yaml", None,
+                            during=lambda runtime, elapsed: elapsed > 12 and start(runtime),
                  prepare=hot_first())
     assert_exact(report)
     assert dry[0].returncode == 0 and json.loads(dry[0].stdout)["moves"] > 0, dry[0].stderr
@@ -218,7 +221,7 @@ def test_a_rebalance_by_load_unloads_the_instance_holding_the_hot_key_groups_exa
     assert after[0] < before[0], shares
 
 
-def test_control_events_reach_every_instance_at_one_cut_through_a_sigkill(redis_server, run, tmp_path):
+def test_control_events_reach_every_instance_at_one_cut_through_a_sigkill(redis_server, run_in_process, tmp_path):
     """`streamjobs control` sends events to the running job while words flow; `count/1` is SIGKILLed while
     the first one travels. Every instance of the operator replies once, at its sync point: the records its key
     groups read by then are exactly those the sources emitted before the event's cut (the stages between filter
@@ -250,7 +253,7 @@ def test_control_events_reach_every_instance_at_one_cut_through_a_sigkill(redis_
         runtime.request_stop()
 
     start = in_a_thread(send)
-    report = run(str(path), None, during=lambda runtime, elapsed: elapsed > 12 and start(runtime))
+    report = run_in_process(str(path), None, during=lambda runtime, elapsed: elapsed > 12 and start(runtime))
     assert_exact(report)
     echo, load, state, fail, unknown = answers
     assert [a.returncode for a in answers] == [0, 0, 0, 1, 2], [a.stderr for a in answers]

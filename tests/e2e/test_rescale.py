@@ -119,7 +119,8 @@ def test_all_at_once_fluid_and_batched_rescales_lose_nothing_through_sigkills(re
     assert_exact(report)
 
 
-def test_a_window_join_rescaled_2_4_2_batched_keeps_both_sides_through_sigkills_mid_handover(redis_server, run):
+def test_a_window_join_rescaled_2_4_2_batched_keeps_both_sides_through_sigkills_mid_handover(redis_server,
+                                                                                               run_in_process):
     """Q8's join (a left join: unmatched persons are padded, so a lost person shows too) is scaled out and
     back in step by step while both inputs flow; a worker releasing key groups is SIGKILLed in the middle
     of each handover. Its buffered rows of both sides restart from the changelog and move on."""
@@ -146,7 +147,7 @@ def test_a_window_join_rescaled_2_4_2_batched_keeps_both_sides_through_sigkills_
         beside(runtime)
         during(runtime, elapsed)
 
-    report = run("tests/jobs/q8-join.yaml", 900, during=chaos)
+    report = run_in_process("tests/jobs/q8-join.yaml", 900, during=chaos)
     assert len(killed) == 2 and report["restarts"] >= 2, killed
     records = report["rescales"]
     assert [(x["operator"], x["from"], x["to"], x["strategy"]) for x in records] == [

@@ -23,24 +23,49 @@ from .standby import await_epoch
 from .worker import Retired, Worker
 
 
-def _signals() -> tuple[threading.Event, threading.Event]:
-    """(stop, demoted): SIGTERM and SIGINT stop; the fleet's SIGUSR1 (a scale-in) stops and demotes, so the
-    process finishes its batch, lets go of the instance and waits as a spare again."""
-    stop, demoted = threading.Event(), threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    signal.signal(signal.SIGUSR1, lambda *_: (demoted.set(), stop.set()))
-    return stop, demoted
+class Signals:
+    """What stops a worker: a stop (SIGTERM, SIGINT) lets it finish its batch and end; a demotion (the fleet's
+    SIGUSR1, a scale-in) stops it too, after which it lets go of the instance and waits as a spare again. A
+    process gets them as signals (`installed`); a worker run in a thread (launchers.py) from its owner."""
+
+    def __init__(self) -> None:
+        self.stop, self.demoted = threading.Event(), threading.Event()
+
+    @classmethod
+    def installed(cls) -> Signals:
+        signals = cls()
+        signal.signal(signal.SIGTERM, lambda *_: signals.terminate())
+        signal.signal(signal.SIGINT, lambda *_: signals.terminate())
+        signal.signal(signal.SIGUSR1, lambda *_: signals.demote())
+        return signals
+
+    def fresh(self) -> tuple[threading.Event, threading.Event]:
+        """(stop, demoted) for the next life of the worker (a demoted one serves again as a spare)."""
+        self.stop, self.demoted = threading.Event(), threading.Event()
+        return self.stop, self.demoted
+
+    def terminate(self) -> None:
+        self.stop.set()
+
+    def demote(self) -> None:
+        self.demoted.set()
+        self.stop.set()
 
 
 def main(argv: list[str] | None = None) -> int:
     die_with_parent()
-    args = _arguments(argv)
+    args = arguments(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    r = connect(args.redis_url)
+    return serve(args, Signals.installed())
+
+
+def serve(args: argparse.Namespace, signals: Signals, client=None) -> int:
+    """A worker's whole life, as its arguments say, until stopped or retired; its exit status. `client`: its
+    Redis connection, when its owner keeps a hold on it (a worker run in a thread)."""
+    r = client or connect(args.redis_url)
     jobs = RedisJobStore(r, args.job)
     try:
-        return _serve(r, jobs, args)
+        return _serve(r, jobs, args, signals)
     except (StageBroken, Exhausted) as exc:
         failure = exc.failure if isinstance(exc, Exhausted) else JobFailure(args.operator, args.instance, str(exc))
         jobs.fail(failure)
@@ -48,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_FAILED
 
 
-def _arguments(argv: list[str] | None) -> argparse.Namespace:
+def arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="streamjobs_worker")
     parser.add_argument("--redis-url", default=os.environ.get("STREAMJOBS_REDIS_URL", "redis://127.0.0.1:6379"))
     parser.add_argument("--job", required=True)
@@ -70,13 +95,13 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _serve(r, jobs: RedisJobStore, args: argparse.Namespace) -> int:
+def _serve(r, jobs: RedisJobStore, args: argparse.Namespace, signals: Signals) -> int:
     """Run as the instance (or spare, or standby) the arguments say, until stopped or retired."""
     plan = plan_for(jobs, args.operator)
     log = logging.getLogger(__name__)
     spare, instance, epoch, warm = args.spare, args.instance, args.await_epoch, False
     while True:
-        stop, demoted = _signals()
+        stop, demoted = signals.fresh()
         if spare is not None:
             if not warm:
                 warm_up(r, plan, args.operator, SPARE_REHEARSALS)

@@ -14,16 +14,34 @@ import functools
 import os
 import sys
 import tempfile
+import threading
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 
 from . import jvm_archive
 
+_thread = threading.local()
+
+
+def session(master: str | None = None, memory: str | None = None, java_options: str | None = None) -> SparkSession:
+    """This thread's own session where it has one (`own_session`), else the process's; `java_options` default to
+    mapping the installation's class archive (jvm_archive.py)."""
+    own = getattr(_thread, "session", None)
+    return own if own is not None else _process_session(master, memory, java_options)
+
+
+def own_session() -> SparkSession:
+    """Give this thread a session of its own on the process's JVM, its temp views and SQL settings apart from the
+    other threads': workers run in threads of one process (the in-process launcher) register their views by
+    the same names."""
+    _thread.session = _process_session().newSession()
+    return _thread.session
+
 
 @functools.cache
-def session(master: str | None = None, memory: str | None = None, java_options: str | None = None) -> SparkSession:
-    """The process's session; `java_options` default to mapping the installation's class archive (jvm_archive.py)."""
+def _process_session(master: str | None = None, memory: str | None = None,
+                     java_options: str | None = None) -> SparkSession:
     # Python UDFs run in Python workers Spark starts: with this interpreter (its packages, pyarrow
     # included), not whatever `python3` is first on the PATH.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
