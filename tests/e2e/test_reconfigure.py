@@ -204,7 +204,7 @@ def test_a_rebalance_by_load_unloads_the_instance_holding_the_hot_key_groups_exa
     start = in_a_thread(rebalance)
     report = run_in_process("tests/jobs/skewed.yaml", None,
                             during=lambda runtime, elapsed: elapsed > 12 and start(runtime),
-                 prepare=hot_first())
+                            prepare=hot_first())
     assert_exact(report)
     assert dry[0].returncode == 0 and json.loads(dry[0].stdout)["moves"] > 0, dry[0].stderr
     assert dry[1], "a dry run sent a control event or made a plan version"

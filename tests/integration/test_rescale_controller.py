@@ -16,7 +16,8 @@ def test_status_command_shows_the_rescale_in_progress_and_its_standbys(jobs, red
     for instance, lag in ((0, 12), (1, 340)):
         jobs.report_standby("agg", instance, 2)
         jobs.report_standby_lag("agg", instance, lag)
-    assert main(["status", "--job", "ctl", "--redis-url", redis_server.url]) == 0
+    assert main(["status", "--job", "ctl", "--redis-url", redis_server.url, "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)
-    assert shown["operators"]["agg"] == {"parallelism": 2, "epoch": 1}
+    agg = next(op for op in shown["operators"] if op["operator"] == "agg")
+    assert (agg["parallelism"], agg["epoch"]) == (2, 1)
     assert shown["rescale_in_progress"] == {**state.as_dict(), "standbys_ready": 2, "standby_lag": 340}

@@ -164,7 +164,9 @@ def test_small_state_goes_to_spark_as_a_local_relation_large_state_stays_columna
     chunks = pa.concat_tables([pa.table({"account": [i], "balance": [i]}) for i in range(5)])
     small = state_frame(spark, chunks, schema)
     assert "LocalTableScan" in small._jdf.queryExecution().executedPlan().toString()
-    assert small.rdd.getNumPartitions() == 1 and sorted(small.toArrow().column("account").to_pylist()) == [0, 1, 2, 3, 4]
+    # Not a partition per chunk (five here): what the session's task threads split it into (one in a worker).
+    assert small.rdd.getNumPartitions() <= spark.sparkContext.defaultParallelism < 5
+    assert sorted(small.toArrow().column("account").to_pylist()) == [0, 1, 2, 3, 4]
     assert spark.conf.get(threshold) == "0", "the worker's setting is back"
     n = 300_000  # 4.8 MB: over the local-relation bound
     large = state_frame(spark, pa.table({"account": pa.array(range(n), pa.int64()),
