@@ -39,9 +39,11 @@ class Signals:
         signal.signal(signal.SIGUSR1, lambda *_: signals.demote())
         return signals
 
-    def fresh(self) -> tuple[threading.Event, threading.Event]:
-        """(stop, demoted) for the next life of the worker (a demoted one serves again as a spare)."""
-        self.stop, self.demoted = threading.Event(), threading.Event()
+    def next_life(self) -> tuple[threading.Event, threading.Event]:
+        """(stop, demoted) for the worker's next life: new ones after a demotion (it serves again as a spare),
+        else the same, so that a stop asked before its first life began (a pod deleted as it starts) holds."""
+        if self.demoted.is_set():
+            self.stop, self.demoted = threading.Event(), threading.Event()
         return self.stop, self.demoted
 
     def terminate(self) -> None:
@@ -101,7 +103,7 @@ def _serve(r, jobs: RedisJobStore, args: argparse.Namespace, signals: Signals) -
     log = logging.getLogger(__name__)
     spare, instance, epoch, warm = args.spare, args.instance, args.await_epoch, False
     while True:
-        stop, demoted = signals.fresh()
+        stop, demoted = signals.next_life()
         if spare is not None:
             if not warm:
                 warm_up(r, plan, args.operator, SPARE_REHEARSALS)
