@@ -227,9 +227,13 @@ class RedisJobStore:
             pipe.set(self.keys.deployed_by, owner)
         pipe.execute()
 
+    def _plan_of(self, raw: bytes | str) -> JobPlan:
+        """A plan as this job's: a savepoint's keys restored into another namespace hold their first job's."""
+        return JobPlan.from_json(raw).placed(self.keys.job)
+
     def plan(self) -> JobPlan | None:
         raw = self.r.get(self.keys.plan)
-        return JobPlan.from_json(raw) if raw is not None else None
+        return self._plan_of(raw) if raw is not None else None
 
     def restamp(self, t0_ms: int) -> JobPlan:
         plan = replace(self.plan(), t0_ms=t0_ms)
@@ -244,25 +248,29 @@ class RedisJobStore:
         owner = self.r.get(self.keys.deployed_by)
         return None if owner is None else as_text(owner)
 
-    def copy_keys(self) -> tuple[JobPlan | None, keycopy.Copied]:
+    def copy_keys(self) -> tuple[JobPlan | None, tuple[JobPlan, ...], keycopy.Copied]:
         """Every key of the job at one instant (savepoint.py), keys named without the job's prefix, with the
-        plan then (None: no job). Left out: the input streams, who deployed the job, requests not taken yet.
-        Raises ChangeInProgress while a rescale or a reconfiguration is."""
+        plan then (None: no job) and its earlier versions, as plans, not as keys. Left out: the input streams,
+        who deployed the job, requests not taken yet. Raises ChangeInProgress while a rescale or a
+        reconfiguration is."""
         k = self.keys
         try:
-            raw, copied = keycopy.copy(self.r, k.plan, [k.rescale_current, k.reconfigure_current], k.pattern,
-                                       k.input_prefix, [k.deployed_by, k.rescale_requests, k.reconfigure_requests,
-                                                        k.control_requests])
+            raw, earlier, copied = keycopy.copy(
+                self.r, k.plan, k.plans, [k.rescale_current, k.reconfigure_current], k.pattern, k.input_prefix,
+                [k.plan, k.plans, k.deployed_by, k.rescale_requests, k.reconfigure_requests, k.control_requests])
         except keycopy.Busy as exc:
             raise ChangeInProgress("rescale" if exc.key == k.rescale_current else "reconfiguration") from None
         cut = len(k.prefix)
-        return (None if raw is None else JobPlan.from_json(raw)), [(key[cut:], t, p) for key, t, p in copied]
+        plans = tuple(sorted(map(self._plan_of, earlier.values()), key=lambda p: p.version))
+        return (None if raw is None else self._plan_of(raw)), plans, [(key[cut:], t, p) for key, t, p in copied]
 
-    def replace_keys(self, copied: keycopy.Copied) -> int:
-        """The job's keys, all but its input streams, replaced at once by `copied` (as `copy_keys` returns it)."""
+    def replace_keys(self, plan: JobPlan, earlier: tuple[JobPlan, ...], copied: keycopy.Copied) -> int:
+        """The job's keys, all but its input streams, replaced at once by `plan`, its `earlier` versions and
+        `copied` (as `copy_keys` returns them)."""
         k = self.keys
-        return keycopy.replace(self.r, k.plan, k.pattern, k.input_prefix,
-                               [(k.prefix + key, ttl, payload) for key, ttl, payload in copied])
+        versions = {str(p.version).encode(): p.placed(k.job).to_json().encode() for p in earlier}
+        return keycopy.replace(self.r, (k.plan, plan.placed(k.job).to_json().encode()), (k.plans, versions),
+                               k.pattern, k.input_prefix, [(k.prefix + key, ttl, payload) for key, ttl, payload in copied])
 
     def clear(self, keep_input: bool = True) -> int:
         deleted, batch = 0, []
@@ -440,13 +448,13 @@ class RedisJobStore:
         if latest is None or latest.version == version:
             return latest
         raw = self.r.hget(self.keys.plans, str(version))
-        return JobPlan.from_json(raw) if raw is not None else None
+        return self._plan_of(raw) if raw is not None else None
 
     def plans(self) -> list[JobPlan]:
         latest = self.plan()
         if latest is None:
             return []
-        earlier = [p for p in map(JobPlan.from_json, self.r.hvals(self.keys.plans)) if p.version < latest.version]
+        earlier = [p for p in map(self._plan_of, self.r.hvals(self.keys.plans)) if p.version < latest.version]
         return sorted(earlier, key=lambda p: p.version) + [latest]
 
     def record_versions(self, commit: Commit, op: str, kgs: Iterable[int], version: int) -> None:

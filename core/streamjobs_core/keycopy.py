@@ -12,7 +12,7 @@ from __future__ import annotations
 import redis
 
 _COPY = """
-for i = 2, #KEYS do
+for i = 3, #KEYS do
   if redis.call('EXISTS', KEYS[i]) == 1 then return redis.error_reply('BUSY ' .. KEYS[i]) end
 end
 local skip = {}
@@ -29,7 +29,7 @@ repeat
     end
   end
 until cursor == '0'
-return {redis.call('GET', KEYS[1]), copied}
+return {redis.call('GET', KEYS[1]), redis.call('HGETALL', KEYS[2]), copied}
 """
 
 _REPLACE = """
@@ -42,7 +42,10 @@ repeat
   end
 until cursor == '0'
 for _, key in ipairs(doomed) do redis.call('DEL', key) end
-for i = 3, #ARGV, 3 do redis.call('RESTORE', ARGV[i], ARGV[i + 1], ARGV[i + 2], 'REPLACE') end
+local restored = 4 + 2 * tonumber(ARGV[4])
+for i = 5, restored, 2 do redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1]) end
+redis.call('SET', KEYS[1], ARGV[3])
+for i = restored + 1, #ARGV, 3 do redis.call('RESTORE', ARGV[i], ARGV[i + 1], ARGV[i + 2], 'REPLACE') end
 return #doomed
 """
 
@@ -61,25 +64,30 @@ class Unreadable(RuntimeError):
     """This Redis cannot read a copied payload: an older Redis than the one that copied it."""
 
 
-def copy(r: redis.Redis, read: str, absent: list[str], pattern: str, spared: str,
-         skip: list[str]) -> tuple[bytes | None, Copied]:
-    """`read`'s value and every key matching `pattern` but those starting with `spared` or in `skip`; raises
-    Busy if a key of `absent` exists."""
+def copy(r: redis.Redis, read: str, read_hash: str, absent: list[str], pattern: str, spared: str,
+         skip: list[str]) -> tuple[bytes | None, dict[bytes, bytes], Copied]:
+    """String `read`'s value, hash `read_hash`'s fields, and every key matching `pattern` but those starting
+    with `spared` or in `skip` as DUMP payloads; raises Busy if a key of `absent` exists."""
     try:
-        value, flat = r.eval(_COPY, 1 + len(absent), read, *absent, pattern, spared, *skip)
+        value, fields, flat = r.eval(_COPY, 2 + len(absent), read, read_hash, *absent, pattern, spared, *skip)
     except redis.ResponseError as exc:
         if str(exc).startswith("BUSY "):
             raise Busy(str(exc).removeprefix("BUSY ")) from None
         raise
-    return value, [(flat[i].decode(), max(int(flat[i + 2]), 0), flat[i + 1]) for i in range(0, len(flat), 3)]
+    return (value, dict(zip(fields[::2], fields[1::2])),
+            [(flat[i].decode(), max(int(flat[i + 2]), 0), flat[i + 1]) for i in range(0, len(flat), 3)])
 
 
-def replace(r: redis.Redis, route: str, pattern: str, spared: str, copied: Copied) -> int:
-    """Delete every key matching `pattern` but those starting with `spared`, then restore `copied`; returns
-    the keys deleted."""
+def replace(r: redis.Redis, string: tuple[str, bytes], hash_: tuple[str, dict[bytes, bytes]], pattern: str,
+            spared: str, copied: Copied) -> int:
+    """Delete every key matching `pattern` but those starting with `spared`, then write `string` (key, value)
+    and `hash_` (key, fields) and restore `copied`; returns the keys deleted. The string's key routes the
+    script."""
+    fields = [item for field, value in hash_[1].items() for item in (field, value)]
     args = [item for key, ttl, payload in copied for item in (key, ttl, payload)]
     try:
-        return int(r.eval(_REPLACE, 1, route, pattern, spared, *args))
+        return int(r.eval(_REPLACE, 2, string[0], hash_[0], pattern, spared, string[1], len(hash_[1]), *fields,
+                          *args))
     except redis.ResponseError as exc:
         if "payload version" in str(exc) or "checksum" in str(exc):
             raise Unreadable(str(exc)) from None

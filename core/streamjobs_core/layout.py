@@ -1,18 +1,31 @@
 """Redis key layout of a job.
 
-Every key of a job carries the hash tag `{<job>}`, so a job lives in one Redis
-Cluster slot (one MULTI/EXEC can cover all of its keys) and many jobs spread
-over a cluster.
+Every key of a job carries the hash tag `{<job id>}`, so a job lives in one
+Redis Cluster slot (one MULTI/EXEC can cover all of its keys) and many jobs
+spread over a cluster. The job id is `<namespace>/<name>` for a StreamJob
+object, so jobs of one name in two namespaces never share a key, and the bare
+name for the local runtime, which runs every job in one default namespace.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+
+
+def job_id(namespace: str | None, name: str) -> str:
+    return name if namespace is None else f"{namespace}/{name}"
+
+
+def namespace_of(job: str) -> str | None:
+    """The namespace part of a job id; None for a job of the local runtime."""
+    namespace, _, name = job.rpartition("/")
+    return namespace or None
 
 
 @dataclass(frozen=True)
 class JobKeys:
-    job: str
+    job: str  # the job id
 
     @property
     def prefix(self) -> str:
@@ -228,3 +241,42 @@ class JobKeys:
     @property
     def pattern(self) -> str:
         return f"{self.prefix}:*"
+
+
+# What a savepoint may hold: every key of the layout a running job keeps, by its name after the job's prefix,
+# with its Redis type. Left out: the plan versions (a savepoint carries them as data, checked), who deployed the
+# job, requests not taken yet, a rescale or reconfiguration in progress, and the input streams.
+_PARTS = {"op": r"[a-z0-9-]+", "n": r"\d+", "id": r"[A-Za-z0-9._-]+"}
+_SAVED = [(pattern, kind) for kind, patterns in {
+    "string": ["demote:{op}:{n}", "failed", "inc:{op}:{n}", "snap:{op}:{n}"],
+    "hash": ["ctl", "metrics", "dlq-total", "counts", "shed-total", "assign:{op}", "assign-next:{op}", "standby:{op}",
+             "standby-lag:{op}", "spares:{op}", "owners:{op}", "release:{op}", "acquired:{op}", "versions:{op}",
+             "cut:{n}", "aligned:{n}", "reset:{n}:{op}", "control:replies:{id}", "attempts:{op}",
+             "produced:{op}>{op}", "consumed:{op}>{op}", "off:{op}", "wm:{op}", "snap-ids:{op}"],
+    "list": ["promote:{op}:{id}", "rescale:history", "reconfigure:history", "control:history",
+             "autoscaler:decisions", "manifest:{op}"],
+    "set": ["done:{op}"],
+    "stream": ["latency", "dlq", "shed", "kg:{op}>{op}:{n}", "cl:{op}:{n}", "out:{op}"],
+}.items() for pattern in patterns]
+
+
+def _compiled(pattern: str) -> tuple[re.Pattern, tuple[str, ...]]:
+    parts = tuple(re.findall(r"\{(\w+)\}", pattern))
+    literal = re.split(r"\{\w+\}", pattern)
+    body = "".join(re.escape(text) + (f"({_PARTS[part]})" if i < len(parts) else "")
+                   for i, (text, part) in enumerate(zip(literal, (*parts, ""))))
+    return re.compile(f":{body}$"), parts
+
+
+_SAVED_RE = [(*_compiled(pattern), kind) for pattern, kind in _SAVED]
+
+
+def saved_kind(name: str, operators: set[str]) -> str | None:
+    """The Redis type a savepoint's key `name` (after the job's prefix) has in the layout; None if the layout
+    has no such key for a job of these operators."""
+    for regex, parts, kind in _SAVED_RE:
+        match = regex.match(name)
+        if match is not None:
+            named = all(value in operators for part, value in zip(parts, match.groups()) if part == "op")
+            return kind if named else None
+    return None

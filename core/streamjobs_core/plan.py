@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 from .chaining import Chain, chains
 from .control import ControlEvent
 from .keygroups import Assignment
-from .layout import JobKeys
+from .layout import JobKeys, job_id, namespace_of
 from .spec import StreamJob
 
 SPARK_OPERATOR_TYPES = ("sql", "pyspark", "window_aggregate", "stateful", "over", "lookup", "join", "parquet")
@@ -48,12 +48,25 @@ class JobPlan:
         return self.job.metadata.name
 
     @property
+    def id(self) -> str:
+        """Which job's keys this plan runs on (layout.job_id)."""
+        return job_id(self.job.metadata.namespace, self.name)
+
+    @property
     def spec(self):
         return self.job.spec
 
     @property
     def keys(self) -> JobKeys:
-        return JobKeys(self.name)
+        return JobKeys(self.id)
+
+    def placed(self, job: str) -> JobPlan:
+        """This plan as the plan of job `job`: a savepoint's plan restored under another namespace names it."""
+        if job == self.id:
+            return self
+        _, _, name = job.rpartition("/")
+        metadata = self.job.metadata.model_copy(update={"name": name, "namespace": namespace_of(job)})
+        return replace(self, job=self.job.model_copy(update={"metadata": metadata}))
 
     @cached_property
     def chains(self) -> tuple[Chain, ...]:

@@ -455,8 +455,8 @@ def ask(store: JobStore, event: ControlEvent, timeout_s: float, sleep: Callable[
 
 
 def _with_parallelism(job: StreamJob, running: StreamJob) -> StreamJob:
-    """`job` at the running parallelism; an operator it adds runs at its input's when it joins that chain, at
-    its own on workers of its own."""
+    """`job` at the running parallelism, as the running job (its metadata: its keys stay where they are); an
+    operator it adds runs at its input's when it joins that chain, at its own on workers of its own."""
     spec = job.spec
     running_names = {op.name for op in running.spec.operators}
     head = {member: c.head for c in chains(spec) for member in c.operators}
@@ -471,7 +471,7 @@ def _with_parallelism(job: StreamJob, running: StreamJob) -> StreamJob:
             parallelism[name] = op.parallelism
     groups = {group: tuple(op.model_copy(update={"parallelism": parallelism[op.name]}) for op in getattr(spec, group))
               for group in _GROUPS}
-    return job.model_copy(update={"spec": spec.model_copy(update=groups)})
+    return job.model_copy(update={"metadata": running.metadata, "spec": spec.model_copy(update=groups)})
 
 
 __all__ = ["Change", "How", "Reconfiguration", "ReconfigureController", "Refused", "ask", "diff",

@@ -857,6 +857,14 @@ class Metadata(BaseModel):
     def _check_name(cls, value: str) -> str:
         return _dns_label(value)
 
+    @field_validator("namespace")
+    @classmethod
+    def _check_namespace(cls, value: str | None) -> str | None:
+        # Part of the job's Redis keys (layout.job_id): Kubernetes' own rule, a DNS label of at most 63.
+        if value is not None and (len(value) > 63 or not _DNS_LABEL.match(value)):
+            raise ValueError("must be a lowercase DNS label of at most 63 characters ([a-z0-9-])")
+        return value
+
 
 class StreamJob(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)

@@ -37,7 +37,7 @@ class SpecScaler:
     def __init__(self, kube: Kube, owner: Owner, r, timeout_s: float = 600.0,
                  sleep: Callable[[float], None] = time.sleep) -> None:
         self.kube, self.owner, self.r = kube, owner, r
-        self.jobs = RedisJobStore(r, owner.name)
+        self.jobs = RedisJobStore(r, owner.job)
         self.timeout_s = timeout_s
         self.sleep = sleep
 

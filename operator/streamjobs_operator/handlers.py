@@ -137,7 +137,7 @@ def resume(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
 @kopf.on.delete(*RESOURCE)
 def delete(body: kopf.Body, memo: kopf.Memo, retry: int, **_: Any) -> None:
     try:
-        deleted = reconcile.cleanup(Owner.of(body), body, memo.kube, memo.settings.ready_timeout_s)
+        deleted = reconcile.cleanup(Owner.of(body), body, memo.kube, memo.settings)
     except Exception as exc:
         if retry < 5:
             raise kopf.TemporaryError(f"cannot clean up yet: {exc}", delay=5) from exc

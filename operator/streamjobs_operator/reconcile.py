@@ -7,6 +7,7 @@ restart interrupted.
 
 from __future__ import annotations
 
+import base64
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -15,13 +16,14 @@ from typing import Any
 
 from streamjobs_core.control import JobFailure
 from streamjobs_core.jobstore import RedisJobStore
+from streamjobs_core.layout import JobKeys
 from streamjobs_core.loading import SpecError, parse_job
 from streamjobs_core.plan import JobPlan
 from streamjobs_core.reconfigure import Reconfiguration, ReconfigureController, Refused, diff
 from streamjobs_core.rescale import RescaleController, progress
 from streamjobs_core.spec import StreamJob
 
-from . import resources, status, store
+from . import access, admission, resources, status, store
 from .config import Settings
 from .fleet import KubernetesFleet, epoch_of
 from .kube import Kube
@@ -60,7 +62,7 @@ def job_of(body: Any) -> StreamJob:
     """The StreamJob model of a custom resource; raises SpecError naming each invalid field."""
     meta = body.get("metadata") or {}
     document = {"apiVersion": body.get("apiVersion"), "kind": body.get("kind"),
-                "metadata": {"name": meta.get("name"), "namespace": meta.get("namespace")},
+                "metadata": {"name": meta.get("name"), "namespace": meta.get("namespace") or "default"},
                 "spec": body.get("spec")}
     return parse_job(document)
 
@@ -74,7 +76,13 @@ class JobContext:
 
     @classmethod
     def of(cls, body: Any, kube: Kube, settings: Settings) -> JobContext:
-        return cls(Owner.of(body), job_of(body), kube, settings)
+        """Raises SpecError naming each invalid field, and each the operator's configuration refuses
+        (admission.py)."""
+        job, owner = job_of(body), Owner.of(body)
+        refused = admission.refusals(job, owner, settings)
+        if refused:
+            raise SpecError(refused)
+        return cls(owner, job, kube, settings)
 
     @property
     def target(self) -> RedisTarget:
@@ -86,15 +94,20 @@ class JobContext:
 
     @contextmanager
     def redis(self, target: RedisTarget | None = None):
-        r = store.open_redis(self.kube, self.owner.namespace, target or self.target)
+        r = store.open_redis(self.kube, self.owner.namespace, target or self.target, self.settings)
         try:
             yield r
         finally:
             r.close()
 
+    @property
+    def access(self) -> resources.JobAccess | None:
+        """The job's own Redis user, if the operator gives jobs one (access.py)."""
+        return resources.JobAccess.of(self.owner) if self.settings.redis_acl else None
+
     def build(self, op: str, epoch: int, replicas: int, standby: bool) -> dict:
         return resources.statefulset(self.owner, op, epoch, replicas, standby=standby, redis=self.target,
-                                     settings=self.settings)
+                                     settings=self.settings, access=self.access)
 
     def fleet(self) -> KubernetesFleet:
         return KubernetesFleet(self.kube, self.owner, self.build, timeout_s=self.settings.ready_timeout_s)
@@ -111,8 +124,9 @@ def deploy(ctx: JobContext, body: Any) -> str:
     if ((body.get("metadata") or {}).get("annotations") or {}).get(REDIS_ANNOTATION) != annotation:
         kube.patch("streamjobs", owner.namespace, owner.name, {"metadata": {"annotations": {REDIS_ANNOTATION: annotation}}})
     with ctx.redis(target) as r:
-        store.deploy(r, job, owner.uid, _annotated_reset(body))
-        plan = store.read_plan(r, owner.name)
+        store.deploy(r, job, owner.uid, ctx.settings, _annotated_reset(body))
+        _grant(ctx, r)
+        plan = store.read_plan(r, owner.job)
         kube.ensure("configmaps", resources.configmap(owner, plan.to_json()))
         assigned = store.assignments(r, plan)
         # Sources are the heads of their chains: only chain heads have workers (chaining.py). The plan's, not the
@@ -133,17 +147,28 @@ def deploy(ctx: JobContext, body: Any) -> str:
             return status.RUNNING
         # Workers register as their chain's head: a chained member has no instances of its own.
         wanted = {f"{op}/{i}" for op in plan.vertices if op not in sources for i in range(assigned[op][1])}
-        missing = wanted - store.registered(r, owner.name)
-        _stop_if_failed(RedisJobStore(r, owner.name), fleet)
+        missing = wanted - store.registered(r, owner.job)
+        _stop_if_failed(RedisJobStore(r, owner.job), fleet)
         if missing:
             raise NotReady(f"waiting for {len(missing)} stage and sink workers to warm up: {', '.join(sorted(missing))}")
         if not job.spec.restore_from:  # a restored job's event time goes on from its first run's origin
-            plan = store.restamp_t0(r, owner.name)
+            plan = store.restamp_t0(r, owner.job)
             kube.patch("configmaps", owner.namespace, resources.configmap_name(owner.name),
                        {"data": {"plan.json": plan.to_json()}})
         for name in sources:
             _ensure_operator(ctx, fleet, name, assigned[name])
     return status.RUNNING
+
+
+def _grant(ctx: JobContext, r) -> None:
+    """The job's own Redis user, its workers' (access.py): made again at every deploy (the rules are the user's
+    whole definition), with the password of its Secret, which the first deploy creates."""
+    job_access = ctx.access
+    if job_access is None:
+        return
+    made = ctx.kube.ensure("secrets", resources.credentials_secret(ctx.owner, job_access, access.new_password()))
+    password = base64.b64decode(made["data"][resources.PASSWORD_KEY]).decode()
+    access.grant(r, job_access, JobKeys(ctx.owner.job), password, ctx.settings.tables(ctx.owner.namespace))
 
 
 def _stop_if_failed(jobs: RedisJobStore, fleet: KubernetesFleet) -> None:
@@ -194,7 +219,7 @@ def update(ctx: JobContext, body: Any, report: Callable[[str, dict], None] = lam
     """A spec edit: refused as a whole if a field cannot change on the running job; else deploy what is
     missing (sources of a job created suspended), then suspend, or change live and rescale."""
     with ctx.redis() as r:
-        plan = store.read_plan(r, ctx.owner.name)
+        plan = store.read_plan(r, ctx.owner.job)
     reset = _reset_asked(plan, ctx.job, body)
     changes = check_change(plan.job, ctx.job, reset) if plan is not None else None
     if deploy(ctx, body) == status.SUSPENDED:
@@ -229,7 +254,7 @@ def reconfigure(ctx: JobContext, changes: Reconfiguration,
         report("ReconfigureStarted", {"field": change.path, "operator": change.operator})
     ctx.status.phase(status.RECONFIGURING, "; ".join(c.describe() for c in changes.live))
     with ctx.redis() as r:
-        jobs = RedisJobStore(r, ctx.owner.name)
+        jobs = RedisJobStore(r, ctx.owner.job)
         _, record = ReconfigureController(jobs, ctx.settings.ready_timeout_s, fleet=ctx.fleet()).apply(
             ctx.job, reset=reset)
         _publish_plan(ctx, jobs.plan())
@@ -250,7 +275,7 @@ def rescale(ctx: JobContext, report: Callable[[str, dict], None] = lambda reason
     """Finish any persisted rescale, then rescale each operator whose parallelism differs from its assignment."""
     job, fleet = ctx.job, ctx.fleet()
     with ctx.redis() as r:
-        plan = store.read_plan(r, ctx.owner.name)
+        plan = store.read_plan(r, ctx.owner.job)
         controller = _controller(r, plan, fleet)
         resumed = controller.resume()
         if resumed is not None:
@@ -276,10 +301,10 @@ def resume_rescale(ctx: JobContext) -> dict | None:
     """After an operator restart: finish a live reconfiguration it left, then finish (or roll back) the rescale
     the controller persisted in Redis."""
     with ctx.redis() as r:
-        plan = store.read_plan(r, ctx.owner.name)
+        plan = store.read_plan(r, ctx.owner.job)
         if plan is None:
             return None
-        jobs = RedisJobStore(r, plan.name)
+        jobs = RedisJobStore(r, plan.id)
         if ReconfigureController(jobs, ctx.settings.ready_timeout_s, fleet=ctx.fleet()).resume() is not None:
             plan = jobs.plan()
             _publish_plan(ctx, plan)
@@ -294,10 +319,10 @@ def handle_requests(ctx: JobContext, report: Callable[[str, dict], None] = lambd
     the spec are the resource's to say: a request to change them is rejected (the CLI refuses to send one for
     an operator-owned job; this drops what an older CLI sent)."""
     with ctx.redis() as r:
-        plan = store.read_plan(r, ctx.owner.name)
+        plan = store.read_plan(r, ctx.owner.job)
         if plan is None:
             return
-        jobs = RedisJobStore(r, plan.name)
+        jobs = RedisJobStore(r, plan.id)
         while (event := jobs.next_control_request()) is not None:
             record = ReconfigureController(jobs, ctx.settings.ready_timeout_s).deliver(event)
             if record.version is not None:
@@ -320,26 +345,31 @@ def handle_requests(ctx: JobContext, report: Callable[[str, dict], None] = lambd
 
 
 def _controller(r, plan: JobPlan, fleet: KubernetesFleet) -> RescaleController:
-    return RescaleController(RedisJobStore(r, plan.name), plan, fleet, standby_timeout_s=fleet.timeout_s)
+    return RescaleController(RedisJobStore(r, plan.id), plan, fleet, standby_timeout_s=fleet.timeout_s)
 
 
-def cleanup(owner: Owner, body: Any, kube: Kube, timeout_s: float) -> int:
-    """Finalizer: stop the workers, then remove every Redis key of the job; returns the keys deleted.
+def cleanup(owner: Owner, body: Any, kube: Kube, settings: Settings) -> int:
+    """Finalizer: stop the workers, then remove every Redis key of the job if this object deployed it; returns
+    the keys deleted.
 
     The StatefulSets go first (the GC would delete them only after this
-    finalizer), so no worker recreates a key after the sweep.
+    finalizer), so no worker recreates a key after the sweep. Keys another
+    object deployed (a StreamJob of this namespace and name created since) stay.
     """
     raw = ((body.get("metadata") or {}).get("annotations") or {}).get(REDIS_ANNOTATION)
     if raw is None:
         return 0  # never deployed (e.g. invalid from the start): nothing in Redis
-    fleet = KubernetesFleet(kube, owner, lambda *a: {}, timeout_s=timeout_s)
+    fleet = KubernetesFleet(kube, owner, lambda *a: {}, timeout_s=settings.ready_timeout_s)
     for sts in fleet.statefulsets():
         kube.delete("statefulsets", owner.namespace, sts["metadata"]["name"])
     fleet.wait_gone(None, lambda pod: True)
     target = RedisTarget.from_annotation(raw)
-    r = store.open_redis(kube, owner.namespace, target)
+    r = store.open_redis(kube, owner.namespace, target, settings)
     try:
-        return store.clear(r, owner.name)
+        deleted = store.clear(r, owner.job, owner.uid)
+        if settings.redis_acl:
+            access.revoke(r, resources.JobAccess.of(owner))
+        return deleted
     finally:
         r.close()
 
@@ -358,11 +388,11 @@ def refresh_status(ctx: JobContext, last_flow: tuple[float, int] | None = None) 
         ready[op] = ready.get(op, 0) + int((sts.get("status") or {}).get("readyReplicas") or 0)
     assigned, in_progress, reading = {}, None, None
     with ctx.redis() as r:
-        plan = store.read_plan(r, ctx.owner.name)
+        plan = store.read_plan(r, ctx.owner.job)
         if plan is not None:
-            _stop_if_failed(RedisJobStore(r, plan.name), fleet)
+            _stop_if_failed(RedisJobStore(r, plan.id), fleet)
             assigned = store.assignments(r, plan)
-            in_progress = progress(RedisJobStore(r, plan.name))
+            in_progress = progress(RedisJobStore(r, plan.id))
             emitted, lag = store.flow(r, plan)
             reading = (time.monotonic(), emitted)
     ctx.status.rescale(in_progress)

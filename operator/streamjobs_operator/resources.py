@@ -10,11 +10,14 @@ recreated to change the parallelism.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 from dataclasses import dataclass
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from streamjobs_core.connect import PASSWORD_ENV, USERNAME_ENV
+from streamjobs_core.layout import job_id
 from streamjobs_core.spec import API_VERSION, KIND
 
 from .config import Settings
@@ -25,7 +28,7 @@ LABEL_EPOCH = "streamjobs.dev/epoch"
 # Set by the StatefulSet controller on every pod (Kubernetes >= 1.28): the pod's ordinal = the worker's instance.
 POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"
 METRICS_PORT = 9100
-PASSWORD_ENV = "STREAMJOBS_REDIS_PASSWORD"
+PASSWORD_KEY = "password"
 CA_MOUNT, CA_KEY = "/etc/streamjobs-redis-ca", "ca.crt"
 # A StatefulSet's pods carry `controller-revision-hash: <name>-<10 chars>`, a label value of at most 63.
 _STATEFULSET_NAME_MAX = 52
@@ -44,6 +47,11 @@ class Owner:
         meta = body["metadata"]
         return cls(meta["name"], meta.get("namespace") or "default", meta.get("uid", ""))
 
+    @property
+    def job(self) -> str:
+        """The job id its Redis keys derive from (layout.job_id): `<namespace>/<name>`."""
+        return job_id(self.namespace, self.name)
+
     def reference(self) -> dict:
         # controller=True: `kubectl get` shows the job as the controller; the GC deletes what a job owns.
         return {"apiVersion": API_VERSION, "kind": KIND, "name": self.name, "uid": self.uid,
@@ -51,19 +59,33 @@ class Owner:
 
 
 @dataclass(frozen=True)
+class JobAccess:
+    """The job's own Redis user (access.py) and the Secret, in the job's namespace, holding its password."""
+
+    username: str
+    secret: str
+
+    @classmethod
+    def of(cls, owner: Owner) -> JobAccess:
+        return cls(f"streamjob:{owner.job}", _fit(f"{owner.name}-redis-user", 253))
+
+
+@dataclass(frozen=True)
 class RedisTarget:
     url: str
     password_secret: str | None = None
     ca_secret: str | None = None
+    default: bool = False  # the operator's default Redis, which it logs in to with its own password (config.py)
 
     def annotation(self) -> str:
         """What the finalizer needs to reach the job's Redis after the spec changed or went invalid."""
-        return json.dumps({"url": self.url, "passwordSecret": self.password_secret, "caSecret": self.ca_secret})
+        return json.dumps({"url": self.url, "passwordSecret": self.password_secret, "caSecret": self.ca_secret,
+                           "default": self.default})
 
     @classmethod
     def from_annotation(cls, raw: str) -> RedisTarget:
         data = json.loads(raw)
-        return cls(data["url"], data.get("passwordSecret"), data.get("caSecret"))
+        return cls(data["url"], data.get("passwordSecret"), data.get("caSecret"), bool(data.get("default")))
 
 
 def _fit(name: str, limit: int) -> str:
@@ -100,14 +122,6 @@ def _metadata(owner: Owner, name: str, object_labels: dict[str, str]) -> dict:
             "ownerReferences": [owner.reference()]}
 
 
-def with_password(url: str, password: str) -> str:
-    """The URL with `password` as its userinfo, unless the URL carries credentials already."""
-    parts = urlsplit(url)
-    if "@" in parts.netloc:
-        return url
-    return urlunsplit(parts._replace(netloc=f":{password}@{parts.netloc}"))
-
-
 def with_ca(url: str, ca_file: str) -> str:
     """The URL verifying the server's certificate against the CA in `ca_file`."""
     parts = urlsplit(url)
@@ -116,15 +130,24 @@ def with_ca(url: str, ca_file: str) -> str:
     return urlunsplit(parts._replace(query=urlencode(query, safe="/")))
 
 
-def redis_env(redis: RedisTarget) -> list[dict]:
+def redis_env(redis: RedisTarget, access: JobAccess | None = None) -> list[dict]:
+    """The URL, and the credentials apart from it (connect.py): the job's own user, if it has one, else the
+    password of spec.redis.passwordSecret. Secret references: no password is in the pod spec."""
     url = redis.url if redis.ca_secret is None else with_ca(redis.url, f"{CA_MOUNT}/{CA_KEY}")
-    if redis.password_secret is None:
-        return [{"name": "STREAMJOBS_REDIS_URL", "value": url}]
-    # The kubelet expands $(VAR) from earlier entries, so the password never appears in the pod spec.
-    return [
-        {"name": PASSWORD_ENV, "valueFrom": {"secretKeyRef": {"name": redis.password_secret, "key": "password"}}},
-        {"name": "STREAMJOBS_REDIS_URL", "value": with_password(url, f"$({PASSWORD_ENV})")},
-    ]
+    env = [{"name": "STREAMJOBS_REDIS_URL", "value": url}]
+    if access is not None:
+        env += [{"name": USERNAME_ENV, "value": access.username},
+                {"name": PASSWORD_ENV, "valueFrom": {"secretKeyRef": {"name": access.secret, "key": PASSWORD_KEY}}}]
+    elif redis.password_secret is not None:
+        env.append({"name": PASSWORD_ENV, "valueFrom": {"secretKeyRef": {"name": redis.password_secret,
+                                                                         "key": PASSWORD_KEY}}})
+    return env
+
+
+def credentials_secret(owner: Owner, access: JobAccess, password: str) -> dict:
+    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+            "metadata": _metadata(owner, access.secret, labels(owner.name)),
+            "data": {PASSWORD_KEY: base64.b64encode(password.encode()).decode()}}
 
 
 def worker_args(job: str, op: str, await_epoch: int | None) -> list[str]:
@@ -135,12 +158,12 @@ def worker_args(job: str, op: str, await_epoch: int | None) -> list[str]:
 
 
 def statefulset(owner: Owner, op: str, epoch: int, replicas: int, *, standby: bool, redis: RedisTarget,
-                settings: Settings) -> dict:
+                settings: Settings, access: JobAccess | None = None) -> dict:
     """The pods of one operator for one assignment epoch; `standby` pods wait for that epoch to be assigned."""
     pod_labels = labels(owner.name, op, epoch)
     env = [
         {"name": "STREAMJOBS_INSTANCE", "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{POD_INDEX_LABEL}']"}}},
-        *redis_env(redis),
+        *redis_env(redis, access),
         {"name": "STREAMJOBS_METRICS_HOST", "value": "0.0.0.0"},
         {"name": "STREAMJOBS_METRICS_PORT", "value": str(METRICS_PORT)},
         {"name": "STREAMJOBS_POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
@@ -152,7 +175,7 @@ def statefulset(owner: Owner, op: str, epoch: int, replicas: int, *, standby: bo
         "image": settings.worker_image,
         "imagePullPolicy": settings.worker_image_pull_policy,
         "command": ["python", "-m", "streamjobs_worker"],
-        "args": worker_args(owner.name, op, epoch if standby else None),
+        "args": worker_args(owner.job, op, epoch if standby else None),
         "env": env,
         "ports": [{"name": "metrics", "containerPort": METRICS_PORT}],
         "resources": settings.worker_resources,

@@ -4,58 +4,96 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from pathlib import Path
 
 import redis
 from streamjobs_core.connect import redacted
-from streamjobs_core.control import Strategy
+from streamjobs_core.control import Strategy, as_text
 from streamjobs_core.crd import crd_yaml
 from streamjobs_core.loading import SpecError, load_job
 
 STRATEGIES = [s.value for s in Strategy]
 
+JOB_HELP = "the job's name; for a StreamJob the operator runs, <namespace>/<name>"
+URL_ENV = "STREAMJOBS_REDIS_URL"
+
 
 def _validate(args) -> int:
     failed = 0
     for path in args.files:
-        try:
-            job = load_job(path)
-        except SpecError as exc:
+        job = _load(path, args.allow_jvm_functions)
+        if job is None:
             failed += 1
-            for field, message in exc.errors:
-                print(f"{path}: {field}: {message}", file=sys.stderr)
             continue
         print(f"{path}: valid StreamJob '{job.metadata.name}' ({len(job.spec.operators)} operators)")
     return 1 if failed else 0
 
 
-def _load(path: str):
-    """The StreamJob in `path`, or None after naming each invalid field."""
+def _load(path: str, allow_jvm_functions: bool = False):
+    """The StreamJob in `path`, or None after naming each invalid field (and each SQL call that reaches the
+    JVM, unless allowed: sqlguard.py)."""
+    from streamjobs_core.sqlguard import refused_calls
+
     try:
-        return load_job(path)
+        job = load_job(path)
+        errors = [] if allow_jvm_functions else refused_calls(job)
     except SpecError as exc:
-        for field, message in exc.errors:
-            print(f"{path}: {field}: {message}", file=sys.stderr)
+        errors = exc.errors
+    for field, message in errors:
+        print(f"{path}: {field}: {message}", file=sys.stderr)
+    return None if errors else job
+
+
+def _signing_key(args) -> bytes | None:
+    """The key in --signing-key-file (its bytes, a trailing newline left out), or None."""
+    if args.signing_key_file is None:
         return None
+    try:
+        key = Path(args.signing_key_file).read_bytes().rstrip(b"\r\n")
+    except OSError as exc:
+        raise SystemExit(f"--signing-key-file: cannot read {args.signing_key_file}: {exc.strerror}") from None
+    if not key:
+        raise SystemExit(f"--signing-key-file: {args.signing_key_file} is empty")
+    return key
+
+
+def _signing_key_file(parser, what: str) -> None:
+    parser.add_argument("--signing-key-file", default=None, metavar="PATH", help=what)
+
+
+def _allow_jvm_functions(parser) -> None:
+    parser.add_argument("--allow-jvm-functions", action="store_true",
+                        help="let SQL call reflect(), java_method() and try_reflect(): any Java method, with the "
+                             "workers' rights")
 
 
 def _run(args) -> int:
     from .run import run_job, stop_on_terminal_signals
 
-    job = _load(args.file)
+    job = _load(args.file, args.allow_jvm_functions)
     if job is None:
         return 2
     from streamjobs_core.reconfigure import Refused
-    from streamjobs_core.savepoint import Savepoint, SavepointError
+    from streamjobs_core.savepoint import Savepoint, SavepointError, Trust
+    from streamjobs_core.sqlguard import refused_calls
 
     from .local import PreviousRun
 
     savepoint = None
     if args.from_savepoint:
         try:
-            savepoint = Savepoint.read(args.from_savepoint)
+            savepoint = Savepoint.read(args.from_savepoint, Trust(signing_key=_signing_key(args)))
         except SavepointError as exc:
             print(f"--from-savepoint: {exc}", file=sys.stderr)
+            return 2
+        refused = [] if args.allow_jvm_functions else [
+            (f"{args.from_savepoint}: plan version {plan.version}: {field}", message)
+            for plan in (*savepoint.earlier, savepoint.plan) for field, message in refused_calls(plan.job)]
+        for where, message in refused:
+            print(f"{where}: {message}", file=sys.stderr)
+        if refused:
             return 2
     stop_on_terminal_signals()
     try:
@@ -83,9 +121,18 @@ def _running_job(args):
     store = RedisJobStore(connect(args.redis_url), args.job)
     plan = store.plan()
     if plan is None:
-        print(f"--job: no job '{args.job}' in {redacted(args.redis_url)}", file=sys.stderr)
+        print(f"--job: no job '{args.job}' in {redacted(args.redis_url)}{_namespaced(store, args.job)}",
+              file=sys.stderr)
         return None
     return store, plan
+
+
+def _namespaced(store, name: str) -> str:
+    """A hint naming the StreamJobs of that name the operator runs, whose ids carry their namespace."""
+    if "/" in name:
+        return ""
+    found = sorted({as_text(key)[4:-6] for key in store.r.scan_iter(match=f"sj:{{*/{name}}}:plan", count=1000)})
+    return f"; the operator runs {', '.join(found)} (--job <namespace>/<name>)" if found else ""
 
 
 def _managed(store, job: str) -> bool:
@@ -98,10 +145,32 @@ def _managed(store, job: str) -> bool:
 
 
 def _running_job_args(parser, operator: bool) -> None:
-    parser.add_argument("--job", required=True)
+    parser.add_argument("--job", required=True, help=JOB_HELP)
     if operator:
         parser.add_argument("--operator", required=True)
-    parser.add_argument("--redis-url", required=True, help="as printed by `streamjobs run`")
+    _redis_url_options(parser, required=True, what="as printed by `streamjobs run`")
+
+
+def _redis_url_options(parser, required: bool, what: str) -> None:
+    parser.add_argument("--redis-url", default=None,
+                        help=f"{what}; or --redis-url-file, or ${URL_ENV}, which keep a password out of `ps`")
+    parser.add_argument("--redis-url-file", default=None, metavar="PATH", help="the Redis URL, read from this file")
+    parser.set_defaults(redis_url_required=required)
+
+
+def _resolve_redis_url(parser, args) -> None:
+    """--redis-url, else the file --redis-url-file names, else $STREAMJOBS_REDIS_URL."""
+    if not hasattr(args, "redis_url_file"):
+        return
+    if args.redis_url is None and args.redis_url_file is not None:
+        try:
+            args.redis_url = Path(args.redis_url_file).read_text().strip() or None
+        except OSError as exc:
+            parser.error(f"--redis-url-file: cannot read {args.redis_url_file}: {exc.strerror}")
+    if args.redis_url is None:
+        args.redis_url = os.environ.get(URL_ENV) or None
+    if args.redis_url is None and args.redis_url_required:
+        parser.error(f"--redis-url (or --redis-url-file, or ${URL_ENV}) is required")
 
 
 def _running_operator(args):
@@ -192,7 +261,7 @@ def _reconfigure(args) -> int:
     from streamjobs_core.control import ReconfigureRequest
     from streamjobs_core.reconfigure import diff
 
-    job = _load(args.file)
+    job = _load(args.file, args.allow_jvm_functions)
     if job is None:
         return 2
     found = _running_job(args)
@@ -301,7 +370,7 @@ def _savepoint(args) -> int:
         if args.drain_in_flight and not stopping:
             store.resumed()  # the sources go on (a stopped job's pause is lifted when it runs again)
     held_ms = (time.monotonic() - started) * 1000
-    savepoint.write(args.path)
+    savepoint.write(args.path, _signing_key(args))
     state = ("stopped at" if args.stop else "running, copied between two commits at") + " its last commits" + (
         "; drained: nothing in flight between operators" if args.drain_in_flight else "")
     print(f"{args.job}: savepoint of plan version {savepoint.plan.version} ({state}): "
@@ -382,8 +451,6 @@ def _rebalance(args) -> int:
 
 
 def _bench(args) -> int:
-    from pathlib import Path
-
     if args.name == "autoscale":
         from .bench import autoscale
 
@@ -424,8 +491,6 @@ def _bench(args) -> int:
 
 
 def _chaos(args) -> int:
-    from pathlib import Path
-
     from rich.console import Console
 
     from . import chaos
@@ -449,6 +514,7 @@ def main(argv: list[str] | None = None) -> int:
 
     validate = sub.add_parser("validate", help="check StreamJob files; every error names its field")
     validate.add_argument("files", nargs="+")
+    _allow_jvm_functions(validate)
     validate.set_defaults(func=_validate)
 
     crd = sub.add_parser("crd", help="print the StreamJob CRD generated from the spec model")
@@ -456,16 +522,17 @@ def main(argv: list[str] | None = None) -> int:
 
     run = sub.add_parser("run", help="run a job on this machine with a live view")
     run.add_argument("file")
+    _allow_jvm_functions(run)
     run.add_argument("--duration", type=float, default=None, help="seconds before the sources stop")
     run.add_argument("--report", default=None, help="write the JSON report here")
-    run.add_argument("--redis-url", default=None,
-                     help="use this Redis instead of starting one; a run of the job it holds goes on from its last "
-                          "commits")
+    _redis_url_options(run, required=False, what="use this Redis instead of starting one; a run of the job it holds "
+                       "goes on from its last commits")
     run.add_argument("--fresh", action="store_true",
                      help="with --redis-url: delete what a run of the job left there and start anew")
     run.add_argument("--from-savepoint", default=None, metavar="PATH",
                      help="go on from this savepoint (`streamjobs savepoint`), the spec's changes applied live; "
                           "it replaces what the job holds in the Redis the run uses")
+    _signing_key_file(run, "--from-savepoint: go on only from a savepoint signed with the key in this file")
     run.add_argument("--reset-state", action="append", default=[], metavar="STAGE",
                      help="going on (from Redis or a savepoint) under a changed spec: start this stateful stage's "
                           "state afresh at the cut; repeatable")
@@ -474,8 +541,8 @@ def main(argv: list[str] | None = None) -> int:
 
     status = sub.add_parser("status", help="a running job's operators: instances, rates, lag, busy share, rescales "
                             "and decisions")
-    status.add_argument("--job", required=True)
-    status.add_argument("--redis-url", required=True)
+    status.add_argument("--job", required=True, help=JOB_HELP)
+    _redis_url_options(status, required=True, what="as printed by `streamjobs run`")
     status.add_argument("--json", action="store_true", help="everything, as JSON for scripts")
     status.set_defaults(func=_status)
 
@@ -485,20 +552,21 @@ def main(argv: list[str] | None = None) -> int:
     output.set_defaults(func=_output)
 
     rescale = sub.add_parser("rescale", help="change an operator's parallelism in a job started by `streamjobs run`")
-    rescale.add_argument("--job", required=True)
+    rescale.add_argument("--job", required=True, help=JOB_HELP)
     rescale.add_argument("--operator", required=True)
     rescale.add_argument("--parallelism", type=int, required=True)
     rescale.add_argument("--strategy", choices=STRATEGIES, default=None,
                          help="default: the job's spec.rescale.strategy")
-    rescale.add_argument("--redis-url", required=True, help="as printed by `streamjobs run`")
+    _redis_url_options(rescale, required=True, what="as printed by `streamjobs run`")
     rescale.add_argument("--wait", type=float, default=180.0, help="seconds to wait for the rescale to finish")
     rescale.set_defaults(func=_rescale)
 
     reconfigure = sub.add_parser(
         "reconfigure", help="change a running job's spec: live where it can, refused (naming the field) where not")
-    reconfigure.add_argument("--job", required=True)
+    reconfigure.add_argument("--job", required=True, help=JOB_HELP)
     reconfigure.add_argument("-f", "--file", required=True, help="the job's new StreamJob YAML")
-    reconfigure.add_argument("--redis-url", required=True, help="as printed by `streamjobs run`")
+    _allow_jvm_functions(reconfigure)
+    _redis_url_options(reconfigure, required=True, what="as printed by `streamjobs run`")
     reconfigure.add_argument("--dry-run", action="store_true", help="print what would change and how; apply nothing")
     reconfigure.add_argument("--reset-state", action="append", default=[], metavar="STAGE",
                              help="start this stateful stage's state afresh at the cut, so that what its state "
@@ -518,6 +586,8 @@ def main(argv: list[str] | None = None) -> int:
         "or elsewhere (`streamjobs run --from-savepoint`)")
     _running_job_args(savepoint, operator=False)
     savepoint.add_argument("--path", required=True, help="the file to write")
+    _signing_key_file(savepoint, "sign the savepoint (HMAC-SHA256) with the key in this file, as the operator's "
+                      "STREAMJOBS_SAVEPOINT_SIGNING_KEY (or `run --signing-key-file`) wants it")
     savepoint.add_argument("--stop", action="store_true",
                            help="stop the job at its last commits first (as `streamjobs stop`), then copy")
     savepoint.add_argument("--drain-in-flight", action="store_true",
@@ -570,6 +640,7 @@ def main(argv: list[str] | None = None) -> int:
     chaos.set_defaults(func=_chaos)
 
     args = parser.parse_args(argv)
+    _resolve_redis_url(parser, args)
     try:
         return int(args.func(args) or 0)
     except (redis.ConnectionError, redis.TimeoutError, redis.AuthenticationError) as exc:

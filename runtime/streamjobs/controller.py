@@ -40,19 +40,19 @@ def autoscale(body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped, **_
             if (body.get("status") or {}).get("phase") == status.RUNNING and not body["spec"].get("suspend"):
                 autoscaler = autoscaler or _autoscaler(ctx, r, body)
                 if autoscaler is not None:
-                    autoscaler.follow(Topology.of(RedisJobStore(r, ctx.owner.name).plan()))
+                    autoscaler.follow(Topology.of(RedisJobStore(r, ctx.owner.job).plan()))
                     autoscaler.tick()
             stopped.wait(_TICK_S)
 
 
 def _autoscaler(ctx: JobContext, r, body: kopf.Body) -> Autoscaler | None:
-    jobs = RedisJobStore(r, ctx.owner.name)
+    jobs = RedisJobStore(r, ctx.owner.job)
     plan = jobs.plan()
     if plan is None:  # not deployed yet
         return None
     settings = ctx.job.spec.autoscaler
     if settings.metrics == "prometheus":
-        collector = PrometheusCollector(settings.prometheus_url, ctx.owner.name)
+        collector = PrometheusCollector(settings.prometheus_url, ctx.owner.job)
     else:
         collector = EndpointCollector(jobs)
     return Autoscaler(

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Protocol
 
 import redis
+from streamjobs_core.connect import apart
 from streamjobs_worker.parent import parent_env
 
 # A waiting spare warms up on the CPU the job leaves idle, not on its workers' share.
@@ -41,14 +42,19 @@ class Launcher(Protocol):
         """A worker that did not stop when asked: it and everything it started (its JVM), at once."""
 
 
+def _redis_env(redis_url: str) -> dict[str, str]:
+    url, credentials = apart(redis_url)
+    return {"STREAMJOBS_REDIS_URL": url, **credentials.env()}
+
+
 class ProcessLauncher:
     def start(self, log: Path, argv: list[str], redis_url: str, spare: bool) -> subprocess.Popen:
         with open(log, "ab") as out:
             process = subprocess.Popen(
                 [sys.executable, "-m", "streamjobs_worker", *argv],
-                # In the environment, not the command line: a password in the URL stays out of `ps`. No worker
-                # outlives the runtime, even when the runtime itself is killed (parent.py).
-                env={**os.environ, "STREAMJOBS_REDIS_URL": redis_url, **parent_env()},
+                # In the environment, not the command line: a password stays out of `ps`, and out of the URL
+                # (connect.py). No worker outlives the runtime, even when the runtime itself is killed (parent.py).
+                env={**os.environ, **_redis_env(redis_url), **parent_env()},
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             )
         if spare and _can_raise_priority():

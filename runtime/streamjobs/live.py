@@ -33,7 +33,7 @@ class LiveView:
         self.r = r
         self.plan = plan
         self.parallelism = parallelism  # the runtime's, updated by rescales
-        self._collector = EndpointCollector(RedisJobStore(r, plan.name))
+        self._collector = EndpointCollector(RedisJobStore(r, plan.id))
         self._previous: dict[str, OperatorCounters] = {}
         self._previous_time = time.monotonic()
         self.started = time.monotonic()

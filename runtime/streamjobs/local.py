@@ -121,6 +121,8 @@ class LocalRuntime:
     rescale_fault: Callable[[RescaleState], None] | None = None
 
     def __post_init__(self) -> None:
+        if self.job.metadata.namespace is not None:  # one default namespace here: keys by the job's name alone
+            self.job = self.job.model_copy(update={"metadata": self.job.metadata.model_copy(update={"namespace": None})})
         self.r = connect(self.redis_url)
         self.jobs = RedisJobStore(self.r, self.job.metadata.name)
         self.keys = self.jobs.keys

@@ -62,7 +62,7 @@ class Decisions:
                 raise Unverifiable(f"{op}: the dead-letter stream holds {held[op]} of the {sum(kinds.values())} "
                                    "records it dead-lettered (trimmed): what the job left out is not known")
         decisions = cls()
-        sources = {s.name for p in RedisJobStore(r, plan.name).plans() for s in p.spec.sources}
+        sources = {s.name for p in RedisJobStore(r, plan.id).plans() for s in p.spec.sources}
         for letter in letters:
             if letter.kind in (Kind.REJECTED, Kind.LATE, Kind.QUARANTINED):
                 kinds = decisions.counts.setdefault(letter.operator, {})
@@ -124,7 +124,7 @@ def source_input(r: redis.Redis, plan: JobPlan, op: str, decisions: Decisions | 
     if spec.type == "redis_stream":
         return external_input(r, plan, op, quarantined=(decisions or Decisions()).quarantined)
     count = plan.key_groups(op)
-    committed = RedisJobStore(r, plan.name).partitions(op, range(count))
+    committed = RedisJobStore(r, plan.id).partitions(op, range(count))
     parts = [generators.global_indices(p, count, 0, int(progress.cursor) if progress else 0)
              for p, (progress, _) in committed.items()]
     indices = np.sort(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
@@ -144,7 +144,7 @@ def external_input(r: redis.Redis, plan: JobPlan, op: str, cuts: list[dict] | No
     also says the plan version in force at its entry (`_v`): `first`, the version the source came in with."""
     spec = plan.spec.operator(op)
     keys = plan.keys
-    committed = RedisJobStore(r, plan.name).partitions(op, range(spec.partitions))
+    committed = RedisJobStore(r, plan.id).partitions(op, range(spec.partitions))
     decoder = external.Decoder(spec)
     reader = external.StreamReader(r, spec.limits.max_entry_bytes, _READ_BYTES)
     shed = shedding.shed_ids(r, keys.shed, op) if spec.load_shedding is not None else set()
@@ -301,7 +301,7 @@ class Expected:
 def expected_outputs(spark: SparkSession, r: redis.Redis, plan: JobPlan,
                      decisions: Decisions | None = None) -> Expected:
     decisions = decisions or Decisions()
-    plans = RedisJobStore(r, plan.name).plans()
+    plans = RedisJobStore(r, plan.id).plans()
     states: dict[str, DataFrame] = {}
     if len(plans) > 1:
         return Expected(_reconfigured_outputs(spark, r, plans, decisions, states), states)
@@ -368,7 +368,7 @@ def _reconfigured_outputs(spark: SparkSession, r: redis.Redis, plans: list[JobPl
     that changed what it computes cannot be verified per record, and is reported so.
     """
     latest = plans[-1]
-    store = RedisJobStore(r, latest.name)
+    store = RedisJobStore(r, latest.id)
     cuts = {p.version: store.cut(p.version) for p in plans[1:]}
     frames: dict[str, DataFrame] = {}
     versioned: dict[str, bool] = {}  # whether each row of the frame says its version
@@ -544,7 +544,7 @@ def _versioned_source(r: redis.Redis, plans: list[JobPlan], op: str, cuts: dict[
     if spec.type == "redis_stream":
         return external_input(r, plan, op, [cuts[v] for v in switches], first, decisions.quarantined)
     count = plan.key_groups(op)
-    committed = RedisJobStore(r, plan.name).partitions(op, range(count))
+    committed = RedisJobStore(r, plan.id).partitions(op, range(count))
     shed = shed_indices(r, plan, op) if spec.load_shedding is not None else None
     bounds = {}  # per partition: the offsets where each version starts, and the end of its committed input
     for p, (progress, _) in committed.items():
@@ -615,7 +615,7 @@ def verify(spark: SparkSession, r: redis.Redis, plan: JobPlan) -> dict:
     per_batch = _per_batch_stages(plan)
     behind = _downstream(plan, per_batch)
     # Every sink of every version, with the last plan it is in: one removed live holds what it wrote before.
-    last_in = {sink.name: p for p in RedisJobStore(r, plan.name).plans() for sink in p.spec.sinks}
+    last_in = {sink.name: p for p in RedisJobStore(r, plan.id).plans() for sink in p.spec.sinks}
     for name, owner in last_in.items():
         if name in behind:
             result["sinks"][name] = {"checked": False, "reason": f"downstream of stateful stage {behind[name]!r} "
@@ -683,7 +683,7 @@ def _states(spark: SparkSession, r: redis.Redis, plan: JobPlan, op: str, expecte
     nulls = reduce(lambda a, b: a & b, [F.col(f"`{c}`").isNull() for c in names[1:]])
     want = _rows([row.asDict() for row in want_frame.filter(~nulls).select(*[f"`{c}`" for c in names]).collect()],
                  names)
-    rows = resplit.state_rows(RedisJobStore(r, plan.name), plan.keys, op, plan.spec.max_parallelism,
+    rows = resplit.state_rows(RedisJobStore(r, plan.id), plan.keys, op, plan.spec.max_parallelism,
                               state_layout(spec))
     got = _rows([] if rows is None else rows.select(names).to_pylist(), names)
     return want, got

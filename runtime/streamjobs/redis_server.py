@@ -40,7 +40,8 @@ class RedisServer:
         self._args = [
             redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--dir", self.dir,
             "--save", "", "--appendonly", "yes" if appendonly else "no", "--appendfsync", "everysec",
-            "--protected-mode", "no", *extra,
+            # Bound to loopback; restores check every payload they take (savepoint files come from anywhere).
+            "--protected-mode", "no", "--sanitize-dump-payload", "yes", *extra,
         ]
         self.process: subprocess.Popen | None = None
 

@@ -90,14 +90,15 @@ class _Secrets:
 
 
 def test_the_operator_connects_with_the_ca_and_password_from_secrets(tls_redis):
+    from streamjobs_operator.config import Settings
     from streamjobs_operator.resources import RedisTarget
     from streamjobs_operator.store import open_redis
 
     port, _, ca = tls_redis
     secrets = _Secrets({("redis-auth", "password"): PASSWORD, ("redis-ca", "ca.crt"): ca.read_text()})
     target = RedisTarget(f"rediss://127.0.0.1:{port}/0", password_secret="redis-auth", ca_secret="redis-ca")
-    assert open_redis(secrets, "jobs", target).ping()
+    assert open_redis(secrets, "jobs", target, Settings()).ping()
     # A CA that did not sign the server's certificate is refused.
     other = _Secrets({**secrets.values, ("redis-ca", "ca.crt"): trustme.CA().cert_pem.bytes().decode()})
     with pytest.raises(redis.ConnectionError):
-        open_redis(other, "jobs", target).ping()
+        open_redis(other, "jobs", target, Settings()).ping()

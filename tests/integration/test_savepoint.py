@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import time
+
 import pytest
 import redis
 import yaml
@@ -9,7 +12,7 @@ from streamjobs.cli import main
 from streamjobs_core.control import InstanceAddress, ReconfigureRecord, ReconfigureState
 from streamjobs_core.jobstore import RedisJobStore
 from streamjobs_core.keygroups import Assignment
-from streamjobs_core.savepoint import Savepoint, SavepointError, restore, take
+from streamjobs_core.savepoint import Savepoint, SavepointError, Trust, restore, take
 
 from ..jobs.control import JOB
 
@@ -26,7 +29,8 @@ def _with_progress(r, plan, jobs) -> None:
     r.set(keys.snapshot("agg", 3), b"state 17")
     r.xadd(keys.kg_stream("src", "agg", 3), {"m": b"x"})
     r.rpush(keys.control_requests, b"asked")
-    r.set(keys.latency_samples, "1", px=600_000)
+    r.xadd(keys.latency_samples, {"t": "1"})
+    r.pexpire(keys.latency_samples, 600_000)
     jobs.deploy(plan, owner="uid-1")
 
 
@@ -35,8 +39,8 @@ def test_a_savepoint_copies_the_jobs_keys_but_input_owner_and_requests(r, plan, 
     savepoint = take(jobs)
     copied = {key for key, _, _ in savepoint.keys}
     keys = jobs.keys
-    assert ":snap:agg:3" in copied and ":kg:src>agg:3" in copied and ":plan" in copied
-    assert not {":in:src:0", ":k8s-owner", ":control:requests"} & copied
+    assert ":snap:agg:3" in copied and ":kg:src>agg:3" in copied
+    assert not {":in:src:0", ":k8s-owner", ":control:requests", ":plan", ":plans"} & copied  # plans travel as data
     assert next(ttl for key, ttl, _ in savepoint.keys if key == ":latency") > 0
     assert savepoint.plan == plan and savepoint.job == plan.name
 
@@ -55,7 +59,7 @@ def test_a_savepoint_copies_the_jobs_keys_but_input_owner_and_requests(r, plan, 
     assert r.get(keys.snapshot("agg", 3)) == b"state 17"
     assert not r.exists(keys.snapshot("agg", 5)) and jobs.deployed_by() is None
     assert r.xlen(keys.input_stream("src", 0)) == 2  # producers' streams are theirs
-    assert {k: v for k, v in before.items() if k.decode().removeprefix(keys.prefix) in copied} == {
+    assert {k: v for k, v in before.items() if k.decode().removeprefix(keys.prefix) in copied | {":plan"}} == {
         k: v for k, v in after.items() if not k.startswith(keys.input_prefix.encode())}
     assert 0 < r.pttl(keys.latency_samples) <= 600_000
 
@@ -86,6 +90,74 @@ def test_a_file_that_is_no_savepoint_is_named(tmp_path):
         Savepoint.read(bad)
     with pytest.raises(SavepointError, match="cannot read savepoint"):
         Savepoint.read(tmp_path / "missing")
+
+
+def test_a_device_a_huge_file_or_a_file_elsewhere_is_refused_at_once(tmp_path, r, plan, jobs):
+    sparse = tmp_path / "sparse"
+    with open(sparse, "wb") as f:
+        f.truncate(2 << 30)  # 2 GB of zeros, none of it on disk
+    started = time.monotonic()
+    with pytest.raises(SavepointError, match="/dev/zero is not a regular file"):
+        Savepoint.read("/dev/zero")
+    with pytest.raises(SavepointError, match="is not a StreamJobs savepoint"):
+        Savepoint.read(sparse)  # within the default bound: its first bytes say what it is not
+    with pytest.raises(SavepointError, match="2,147,483,648 bytes, more than the 1,073,741,824"):
+        Savepoint.read(sparse, Trust(max_bytes=1 << 30))
+    assert time.monotonic() - started < 1.0
+
+    mount = tmp_path / "savepoints"
+    take(jobs).write(mount / "ok.savepoint")
+    (mount / "elsewhere").symlink_to(tmp_path / "outside.savepoint")
+    take(jobs).write(tmp_path / "outside.savepoint")
+    assert Savepoint.read(mount / "ok.savepoint", Trust(root=mount)).plan == plan
+    for path in (tmp_path / "outside.savepoint", mount / "elsewhere", mount / ".." / "outside.savepoint"):
+        with pytest.raises(SavepointError, match=f"is not under {mount}"):
+            Savepoint.read(path, Trust(root=mount))
+
+
+def _refused_before_any_key_is_written(r, jobs, savepoint: Savepoint, data: bytes, match: str, path) -> None:
+    path.write_bytes(data)
+    before = _job_keys(r, jobs)
+    with pytest.raises(SavepointError, match=match):
+        restore(jobs, Savepoint.read(path))
+    assert _job_keys(r, jobs) == before
+
+
+def test_a_crafted_savepoint_is_refused_before_any_key_is_written(r, plan, jobs, tmp_path):
+    _with_progress(r, plan, jobs)
+    good = take(jobs)
+    path = tmp_path / "crafted.savepoint"
+    # A plan of another job among the keys, where the restore would take it as the job's plan.
+    other = dataclasses.replace(plan, version=7)
+    r.set("scratch", other.to_json())
+    planted = dataclasses.replace(good, keys=(*good.keys, (":plan", 0, r.dump("scratch"))))
+    _refused_before_any_key_is_written(r, jobs, good, planted.encode(), "no place for: ':plan'", path)
+    # A key of an operator the job does not have, the deployer's key, and a stream where state is a string.
+    for name in (":snap:intruder:3", ":k8s-owner"):
+        foreign = dataclasses.replace(good, keys=(*good.keys, (name, 0, r.dump("scratch"))))
+        _refused_before_any_key_is_written(r, jobs, good, foreign.encode(), f"no place for: '{name}'", path)
+    stream_payload = r.dump(jobs.keys.kg_stream("src", "agg", 3))
+    retyped = dataclasses.replace(good, keys=tuple((k, t, stream_payload if k == ":snap:agg:3" else p)
+                                                   for k, t, p in good.keys))
+    _refused_before_any_key_is_written(r, jobs, good, retyped.encode(), "':snap:agg:3' should hold a string", path)
+    # One byte changed anywhere in its content.
+    data = bytearray(good.encode())
+    at = data.index(b"state 17")
+    data[at] ^= 1
+    _refused_before_any_key_is_written(r, jobs, good, bytes(data), "digest does not match", path)
+    r.delete("scratch")
+
+
+def test_a_signing_key_admits_only_savepoints_signed_with_it(r, plan, jobs, tmp_path):
+    savepoint, path = take(jobs), tmp_path / "signed.savepoint"
+    savepoint.write(path, b"key one")
+    assert Savepoint.read(path, Trust(signing_key=b"key one")) == savepoint
+    assert Savepoint.read(path) == savepoint  # a reader without a key checks the digest only
+    with pytest.raises(SavepointError, match="signature does not match"):
+        Savepoint.read(path, Trust(signing_key=b"key two"))
+    savepoint.write(path)
+    with pytest.raises(SavepointError, match="is not signed, and savepoints must be"):
+        Savepoint.read(path, Trust(signing_key=b"key one"))
 
 
 def test_the_cli_takes_one_and_run_refuses_what_it_cannot_restore(r, plan, jobs, redis_server, tmp_path, capsys):
@@ -138,3 +210,18 @@ def test_a_restore_the_key_groups_cannot_take_is_refused_and_leaves_the_savepoin
     assert "spec.maxParallelism: 'agg' runs 3 instances, more than the 2 key groups maxParallelism 2 gives it: " \
            "rescale it first" in capsys.readouterr().err
     assert jobs.plan() == plan and jobs.assignment("agg").parallelism == 3
+
+
+def test_the_cli_signs_a_savepoint_and_run_goes_on_only_from_one_signed_with_its_key(
+        plan, jobs, redis_server, tmp_path, capsys):
+    key, other, path = tmp_path / "key", tmp_path / "other", tmp_path / "ctl.savepoint"
+    key.write_text("s3cret\n")
+    other.write_text("another\n")
+    assert main(["savepoint", "--job", plan.name, "--redis-url", redis_server.url, "--path", str(path),
+                 "--signing-key-file", str(key)]) == 0
+    assert Savepoint.read(path, Trust(signing_key=b"s3cret")).plan == plan
+    same = tmp_path / "same.yaml"
+    same.write_text(yaml.safe_dump(JOB))
+    capsys.readouterr()
+    assert main(["run", str(same), "--from-savepoint", str(path), "--signing-key-file", str(other)]) == 2
+    assert "--from-savepoint: " in capsys.readouterr().err

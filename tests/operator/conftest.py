@@ -22,6 +22,7 @@ from .emulator import Emulator
 from .kubelet import Kubelet
 
 NAMESPACE = "default"
+TENANTS = ("tenant-a", "tenant-b")  # namespaces of tests that need more than one
 
 
 @pytest.fixture(scope="module")
@@ -36,8 +37,15 @@ def kube(emulator) -> Kube:
 
 
 @pytest.fixture(scope="module")
-def operator(emulator, redis_server):
-    """`kopf run -m streamjobs_operator.handlers`, logged in through the emulator's kubeconfig."""
+def savepoints(tmp_path_factory):
+    """Where the operator reads `spec.restoreFrom` from (the chart's savepoint mount)."""
+    return tmp_path_factory.mktemp("savepoints")
+
+
+@pytest.fixture(scope="module")
+def operator(emulator, redis_server, savepoints):
+    """`kopf run -m streamjobs_operator.handlers`, logged in through the emulator's kubeconfig; each job's workers
+    connect as the job's own Redis user."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("KUBECONFIG", str(emulator.kubeconfig))
         # kopf logs in with kubernetes.config.load_kube_config(), whose default path was read at import.
@@ -45,6 +53,8 @@ def operator(emulator, redis_server):
         mp.setenv("STREAMJOBS_DEFAULT_REDIS_URL", redis_server.url)
         mp.setenv("STREAMJOBS_STATUS_INTERVAL_S", "1")
         mp.setenv("STREAMJOBS_READY_TIMEOUT_S", "120")
+        mp.setenv("STREAMJOBS_REDIS_ACL", "true")
+        mp.setenv("STREAMJOBS_SAVEPOINT_DIR", str(savepoints))
         # The whole operator process: the handlers plus the autoscaler daemon per StreamJob.
         args = ["run", "--standalone", "--all-namespaces", "-m", "streamjobs.controller"]
         with KopfRunner(args, timeout=60) as runner:
@@ -54,7 +64,7 @@ def operator(emulator, redis_server):
 
 @pytest.fixture(scope="module")
 def kubelet(kube, operator, tmp_path_factory):
-    with Kubelet(kube, tmp_path_factory.mktemp("pods")) as k:
+    with Kubelet(kube, tmp_path_factory.mktemp("pods"), namespaces=(NAMESPACE, *TENANTS)) as k:
         yield k
     assert not k.errors, k.errors
 
@@ -103,20 +113,21 @@ def job(emulator, kube, kubelet, tmp_path):
         await_deleted(kube, kubelet, name)
 
 
-def await_deleted(kube: Kube, kubelet: Kubelet | None, name: str, timeout_s: float = 120.0) -> None:
+def await_deleted(kube: Kube, kubelet: Kubelet | None, name: str, timeout_s: float = 120.0,
+                  namespace: str = NAMESPACE) -> None:
     """Wait until StreamJob `name`, deleted, is gone: its finalizer stopped its workers and cleared its Redis.
 
     A job still warming up goes once its create handler lets go, slow on a busy machine. A timeout says what
     held the deletion up: the job's finalizers and kopf's handler progress, and its workers still running.
     """
     deadline = time.monotonic() + timeout_s
-    while (body := kube.get("streamjobs", NAMESPACE, name)) is not None:
+    while (body := kube.get("streamjobs", namespace, name)) is not None:
         if time.monotonic() > deadline:
             meta = body.get("metadata") or {}
             progress = {k: v for k, v in (meta.get("annotations") or {}).items() if k.startswith("streamjobs.dev/")}
             running = [] if kubelet is None else [
                 f"{pod.name}{' (terminating)' if pod.terminating else ''}" for pod in list(kubelet.pods.values())
-                if pod.name.startswith(f"{name}-") and pod.process.poll() is None]
+                if pod.namespace == namespace and pod.name.startswith(f"{name}-") and pod.process.poll() is None]
             pytest.fail(f"{name} not deleted after {timeout_s:.0f} s: finalizers {meta.get('finalizers')}, "
                         f"deletionTimestamp {meta.get('deletionTimestamp')}, workers running {running}, "
                         f"kopf progress {progress}")
@@ -147,9 +158,9 @@ def assert_exact_after_stop(r, job: str, sink_instances: int, at_least: int, dra
     the source's committed input record by record: 0 lost, 0 duplicated."""
     from streamjobs_core.jobstore import RedisJobStore
 
-    from .jobs import committed_input, sink_output
+    from .jobs import committed_input, job_id, sink_output
 
-    jobs = RedisJobStore(r, job)
+    jobs = RedisJobStore(r, job_id(job))
     jobs.request_stop()
     eventually(lambda: r.scard(jobs.keys.done("copies")) >= sink_instances, drain_s, "sinks drained")
     plan = jobs.plan()

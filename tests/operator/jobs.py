@@ -4,12 +4,17 @@ from __future__ import annotations
 
 from collections import Counter
 
-from streamjobs_core import generators
+from streamjobs_core import generators, layout
 from streamjobs_core.jobstore import RedisJobStore
 from streamjobs_core.plan import JobPlan
 from streamjobs_operator.kube import Kube
 
 NAMESPACE = "default"
+
+
+def job_id(name: str, namespace: str = NAMESPACE) -> str:
+    """The id the operator gives StreamJob `name`'s Redis keys."""
+    return layout.job_id(namespace, name)
 
 
 WORDS = {"name": "words", "type": "zipf", "vocabulary": 50, "rate": {"recordsPerSecond": 150}}
@@ -76,7 +81,7 @@ def committed_input(r, plan: JobPlan, source: str) -> Counter:
 
     spec = plan.spec.operator(source)
     count = plan.key_groups(source)
-    committed = RedisJobStore(r, plan.name).partitions(source, range(count))
+    committed = RedisJobStore(r, plan.id).partitions(source, range(count))
     parts = [generators.global_indices(p, count, 0, int(progress.cursor) if progress else 0)
              for p, (progress, _) in committed.items()]
     table = generators.generate(spec, plan.t0_ms, np.sort(np.concatenate(parts)))

@@ -32,6 +32,7 @@ _VAR = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
 @dataclass
 class _Pod:
     name: str
+    namespace: str
     statefulset: str
     process: subprocess.Popen
     terminating: bool = False
@@ -39,11 +40,12 @@ class _Pod:
 
 
 class Kubelet:
-    def __init__(self, kube: Kube, log_dir: Path, poll_s: float = 0.3) -> None:
+    def __init__(self, kube: Kube, log_dir: Path, poll_s: float = 0.3, namespaces: tuple[str, ...] = (NAMESPACE,)) -> None:
         self.kube = kube
         self.log_dir = log_dir
         self.poll_s = poll_s
-        self.pods: dict[str, _Pod] = {}
+        self.namespaces = namespaces
+        self.pods: dict[tuple[str, str], _Pod] = {}  # by (namespace, name)
         self.started: list[str] = []  # every pod name ever started, in order (tests assert on it)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="kubelet", daemon=True)
@@ -70,44 +72,45 @@ class Kubelet:
             self._stop.wait(self.poll_s)
 
     def sync(self) -> None:
-        statefulsets = {s["metadata"]["name"]: s for s in self.kube.list("statefulsets", NAMESPACE, {})}
-        wanted: dict[str, tuple[dict, int]] = {}
-        for name, sts in statefulsets.items():
+        statefulsets = {(ns, s["metadata"]["name"]): s for ns in self.namespaces
+                        for s in self.kube.list("statefulsets", ns, {})}
+        wanted: dict[tuple[str, str], tuple[dict, int]] = {}
+        for (ns, name), sts in statefulsets.items():
             for i in range(int(sts["spec"].get("replicas") or 0)):
-                wanted[f"{name}-{i}"] = (sts, i)
-        for name, (sts, index) in wanted.items():
-            pod = self.pods.get(name)
+                wanted[ns, f"{name}-{i}"] = (sts, i)
+        for (ns, name), (sts, index) in wanted.items():
+            pod = self.pods.get((ns, name))
             if pod is None:
-                self._create(name, sts, index)
+                self._create(ns, name, sts, index)
             elif pod.process.poll() is not None and not pod.terminating:
-                pod.process = self._spawn(self.kube.get("pods", NAMESPACE, name))  # restartPolicy: Always
+                pod.process = self._spawn(self.kube.get("pods", ns, name))  # restartPolicy: Always
                 pod.restarts += 1
-        for name, pod in list(self.pods.items()):
-            if name not in wanted and not pod.terminating:
+        for key, pod in list(self.pods.items()):
+            if key not in wanted and not pod.terminating:
                 pod.terminating = True
                 pod.process.terminate()  # the worker stops after its last commit
             if pod.terminating and pod.process.poll() is not None:
-                self.kube.delete("pods", NAMESPACE, name)
-                del self.pods[name]
-        for name, sts in statefulsets.items():
-            ready = sum(1 for p in self.pods.values()
-                        if p.statefulset == name and not p.terminating and p.process.poll() is None)
+                self.kube.delete("pods", pod.namespace, pod.name)
+                del self.pods[key]
+        for (ns, name), sts in statefulsets.items():
+            ready = sum(1 for p in self.pods.values() if (p.namespace, p.statefulset) == (ns, name)
+                        and not p.terminating and p.process.poll() is None)
             current = sts.get("status") or {}
             if current.get("readyReplicas") != ready or current.get("replicas") != ready:
-                self.kube.patch("statefulsets", NAMESPACE, name, {"status": {"replicas": ready, "readyReplicas": ready}},
+                self.kube.patch("statefulsets", ns, name, {"status": {"replicas": ready, "readyReplicas": ready}},
                                 subresource="status")
 
-    def _create(self, name: str, sts: dict, index: int) -> None:
+    def _create(self, namespace: str, name: str, sts: dict, index: int) -> None:
         template = sts["spec"]["template"]
         labels = {**template["metadata"]["labels"], POD_INDEX_LABEL: str(index),
                   "statefulset.kubernetes.io/pod-name": name}
         owner = {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": sts["metadata"]["name"],
                  "uid": sts["metadata"].get("uid", ""), "controller": True}
         body = {"apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": name, "namespace": NAMESPACE, "labels": labels, "ownerReferences": [owner]},
+                "metadata": {"name": name, "namespace": namespace, "labels": labels, "ownerReferences": [owner]},
                 "spec": template["spec"], "status": {"podIP": "127.0.0.1", "phase": "Running"}}
         pod = self.kube.ensure("pods", body)
-        self.pods[name] = _Pod(name, sts["metadata"]["name"], self._spawn(pod))
+        self.pods[namespace, name] = _Pod(name, namespace, sts["metadata"]["name"], self._spawn(pod))
         self.started.append(name)
 
     def _spawn(self, pod: dict) -> subprocess.Popen:
@@ -118,7 +121,8 @@ class Kubelet:
         # Real pods each have their own network namespace; here all share one host, so any free port.
         env["STREAMJOBS_METRICS_PORT"] = "0"
         command = [sys.executable if c == "python" else c for c in container["command"]] + container.get("args", [])
-        with open(self.log_dir / f"{pod['metadata']['name']}.log", "ab") as log:
+        meta = pod["metadata"]
+        with open(self.log_dir / f"{meta['namespace']}.{meta['name']}.log", "ab") as log:
             return subprocess.Popen(command, env={**env, **parent_env()}, stdout=log, stderr=subprocess.STDOUT,
                                     start_new_session=True)
 
@@ -135,4 +139,4 @@ class Kubelet:
                 return pod["metadata"]["labels"][label.group(1)]
             raise ValueError(f"unsupported fieldRef {path}")
         ref = source["secretKeyRef"]
-        return self.kube.secret_value(NAMESPACE, ref["name"], ref["key"])
+        return self.kube.secret_value(pod["metadata"]["namespace"], ref["name"], ref["key"])

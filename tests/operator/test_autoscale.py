@@ -6,7 +6,7 @@ from __future__ import annotations
 from streamjobs_core.jobstore import RedisJobStore
 
 from .conftest import assert_exact_after_stop, events, eventually
-from .jobs import get, wordcopy
+from .jobs import get, job_id, wordcopy
 
 # One sink instance copies 100 of the 150 rec/s (10 ms each), so its backlog grows for sure; two keep up.
 # reactive with a threshold that backlog exceeds: a decision within seconds, bounded at 2 instances.
@@ -16,7 +16,7 @@ AUTOSCALER = {"policy": "reactive", "intervalS": 1, "metricsWindowS": 3, "stabil
 
 def test_the_autoscaler_daemon_rescales_the_job_live_and_explains_why(emulator, kube, kubelet, redis_client, job):
     job(wordcopy("autoscaled", sink_parallelism=1, sink_cost_us=10_000, autoscaler=AUTOSCALER))
-    jobs = RedisJobStore(redis_client, "autoscaled")
+    jobs = RedisJobStore(redis_client, job_id("autoscaled"))
     keys = jobs.keys
     eventually(lambda: (a := jobs.assignment("copies")) is not None and a.parallelism == 2, 180, "copies scaled to 2")
     assert get(kube, "autoscaled")["spec"]["sinks"][0]["parallelism"] == 2  # the decision went through the spec

@@ -53,8 +53,10 @@ def operator_objects() -> list[dict]:
     owner = resources.Owner("wordcount", "streamjobs", "0b6c2f9e-0000-4000-8000-000000000001")
     redis = resources.RedisTarget("redis://redis:6379", password_secret="redis-auth")
     settings = Settings(worker_resources={"requests": {"cpu": "500m", "memory": "1Gi"}})
-    return [resources.statefulset(owner, "count", 2, 3, standby=True, redis=redis, settings=settings),
-            resources.service(owner, "count"), resources.configmap(owner, "{}")]
+    access = resources.JobAccess.of(owner)
+    return [resources.statefulset(owner, "count", 2, 3, standby=True, redis=redis, settings=settings, access=access),
+            resources.service(owner, "count"), resources.configmap(owner, "{}"),
+            resources.credentials_secret(owner, access, "generated")]
 
 
 def _pod_specs(docs: list[dict]) -> list[tuple[str, dict]]:
@@ -102,6 +104,32 @@ def test_chart_crd_is_the_generated_one(manifests):
     assert crd == crd_manifest()  # the chart links crds/streamjob.yaml, which a unit test keeps generated
 
 
+def test_the_bundled_redis_asks_for_a_password_and_only_workers_and_the_operator_reach_it(manifests):
+    by_name = {(d["kind"], d["metadata"]["name"]): d for d in manifests}
+    secret = by_name["Secret", "sj-streamjobs-redis-auth"]
+    assert len(secret["data"]["password"]) >= 40
+    (redis,) = by_name["Deployment", "sj-streamjobs-redis"]["spec"]["template"]["spec"]["containers"]
+    args = redis["args"]
+    assert args[args.index("--requirepass") + 1] == "$(REDIS_PASSWORD)"
+    assert args[args.index("--protected-mode") + 1] == "yes" and "--sanitize-dump-payload" in args
+    env = {e["name"]: e for e in redis["env"]}
+    assert env["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": "sj-streamjobs-redis-auth", "key": "password"}
+    (operator,) = by_name["Deployment", "sj-streamjobs-operator"]["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e for e in operator["env"]}
+    assert env["STREAMJOBS_DEFAULT_REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == "sj-streamjobs-redis-auth"
+    assert env["STREAMJOBS_REDIS_ACL"]["value"] == "true"
+    assert "@" not in env["STREAMJOBS_DEFAULT_REDIS_URL"]["value"]
+
+    policy = by_name["NetworkPolicy", "sj-streamjobs-redis"]["spec"]
+    assert policy["podSelector"]["matchLabels"]["app.kubernetes.io/name"] == "streamjobs-redis"
+    (ingress,) = policy["ingress"]
+    allowed = [(p.get("namespaceSelector"), p["podSelector"]["matchLabels"]["app.kubernetes.io/name"])
+               for p in ingress["from"]]
+    assert allowed == [({}, "streamjobs-worker"), (None, "streamjobs-operator")]
+    worker_pod = resources.labels("wordcount", "count", 1)
+    assert ingress["from"][0]["podSelector"]["matchLabels"].items() <= worker_pod.items()
+
+
 def test_rbac_is_least_privilege_without_wildcards(manifests):
     (role,) = [d for d in manifests if d["kind"] == "ClusterRole"]
     granted = {}
@@ -121,11 +149,11 @@ def test_rbac_is_least_privilege_without_wildcards(manifests):
         ("", "services"): {"get", "create"},
         ("", "configmaps"): {"get", "create", "patch"},
         ("", "pods"): {"list"},
-        ("", "secrets"): {"get"},
+        ("", "secrets"): {"get", "create"},  # create: each job's Redis user's password (access.py)
     }
-    # Nothing may write Secrets, Roles or bindings: no path to escalate.
+    # Nothing may change a Secret, a Role or a binding: no path to escalate (a new Secret grants nothing).
     assert not any(res in ("secrets", "roles", "clusterroles", "rolebindings", "clusterrolebindings")
-                   and verbs - {"get"} for (_, res), verbs in granted.items())
+                   and verbs - {"get", "create" if res == "secrets" else "get"} for (_, res), verbs in granted.items())
 
 
 def test_pods_run_as_non_root_with_read_only_root_filesystem(manifests):

@@ -12,18 +12,18 @@ from streamjobs import oracle
 from streamjobs_core.jobstore import RedisJobStore
 
 from .conftest import events, eventually
-from .jobs import window_counts
+from .jobs import job_id, window_counts
 
 
 def cli(redis_server, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "streamjobs.cli", *args, "--job", "asked", "--redis-url",
+    return subprocess.run([sys.executable, "-m", "streamjobs.cli", *args, "--job", job_id("asked"), "--redis-url",
                            redis_server.url], capture_output=True, text=True, timeout=240)
 
 
 def test_a_control_event_and_a_rebalance_asked_from_the_cli_are_carried_out_in_place(
         emulator, kube, kubelet, redis_client, redis_server, job, spark):
     job(window_counts("asked", parallelism=2))
-    jobs = RedisJobStore(redis_client, "asked")
+    jobs = RedisJobStore(redis_client, job_id("asked"))
     out = jobs.keys.output_stream("totals")
     eventually(lambda: redis_client.xlen(out) > 50, 120, "window results")
     pods = list(kubelet.started)

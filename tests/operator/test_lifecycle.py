@@ -9,7 +9,7 @@ from streamjobs_core.layout import JobKeys
 from streamjobs_operator.resources import LABEL_JOB
 
 from .conftest import NAMESPACE, await_deleted, events, eventually, run_kubectl
-from .jobs import apply, get, phase, tagged_words, wordcopy
+from .jobs import apply, get, job_id, phase, tagged_words, wordcopy
 
 
 def _owned(kube, kind: str, job: str) -> list[dict]:
@@ -29,7 +29,7 @@ def test_invalid_spec_names_the_field_in_status_and_event_and_touches_nothing(em
     assert warnings[0]["type"] == "Warning" and "spec.sinks[0].inputs[0]" in warnings[0]["message"]
     for kind in ("statefulsets", "services", "configmaps"):
         assert _owned(kube, kind, "broken") == []
-    assert list(redis_client.scan_iter(match=JobKeys("broken").pattern)) == []
+    assert list(redis_client.scan_iter(match=JobKeys(job_id("broken")).pattern)) == []
     kube.delete("streamjobs", NAMESPACE, "broken")  # the finalizer has nothing to clean: it must not block
     eventually(lambda: kube.get("streamjobs", NAMESPACE, "broken") is None, 30, "invalid job deleted")
 
@@ -50,10 +50,10 @@ def test_deploy_creates_owned_objects_and_the_plan_in_redis(emulator, kube, job,
         (ref,) = obj["metadata"]["ownerReferences"]
         assert (ref["kind"], ref["name"], ref["uid"], ref["controller"]) == ("StreamJob", "deployed", uid, True)
 
-    keys = JobKeys("deployed")
-    plan = RedisJobStore(redis_client, "deployed").plan()
+    keys = JobKeys(job_id("deployed"))
+    plan = RedisJobStore(redis_client, job_id("deployed")).plan()
     assert json.loads(configmap["data"]["plan.json"]) == json.loads(plan.to_json())
-    assert RedisJobStore(redis_client, "deployed").assignment("copies").parallelism == 2
+    assert RedisJobStore(redis_client, job_id("deployed")).assignment("copies").parallelism == 2
     # Real workers run: records reach the sink.
     eventually(lambda: redis_client.xlen(keys.output_stream("copies")) > 0, 60, "sink output")
     operators = eventually(lambda: (get(kube, "deployed")["status"].get("operators") or {}).get("copies"), 30)
@@ -67,7 +67,7 @@ def test_suspend_scales_to_zero_and_back_and_other_edits_are_refused(kube, job, 
     kube.patch("streamjobs", NAMESPACE, "pausing", {"spec": {"maxParallelism": 24}})
     error = eventually(lambda: get(kube, "pausing")["status"].get("error"), 30, "error in status")
     assert error.startswith("spec.maxParallelism: refused (it maps keys to other key groups")
-    assert RedisJobStore(redis_client, "pausing").plan().spec.max_parallelism == 12
+    assert RedisJobStore(redis_client, job_id("pausing")).plan().spec.max_parallelism == 12
     kube.patch("streamjobs", NAMESPACE, "pausing", {"spec": {"maxParallelism": 12}})
     eventually(lambda: not get(kube, "pausing")["status"].get("error"), 30, "error cleared")
 
@@ -75,7 +75,7 @@ def test_suspend_scales_to_zero_and_back_and_other_edits_are_refused(kube, job, 
     eventually(lambda: phase(kube, "pausing") == "Suspended", 60, "phase Suspended")
     assert all(s["spec"]["replicas"] == 0 for s in _owned(kube, "statefulsets", "pausing"))
     eventually(lambda: not _owned(kube, "pods", "pausing"), 60, "pods gone")
-    out = JobKeys("pausing").output_stream("copies")
+    out = JobKeys(job_id("pausing")).output_stream("copies")
     paused_at = redis_client.xlen(out)
 
     kube.patch("streamjobs", NAMESPACE, "pausing", {"spec": {"suspend": False}})
@@ -88,7 +88,7 @@ def test_delete_runs_the_finalizer_that_clears_redis(kube, kubelet, redis_client
     apply(kube, wordcopy("doomed"))
     eventually(lambda: phase(kube, "doomed") == "Running", 90, "phase Running")
     assert get(kube, "doomed")["metadata"]["finalizers"] == ["streamjobs.dev/redis-keys"]
-    keys = JobKeys("doomed")
+    keys = JobKeys(job_id("doomed"))
     eventually(lambda: redis_client.xlen(keys.output_stream("copies")) > 0, 60, "sink output")
 
     assert kube.delete("streamjobs", NAMESPACE, "doomed")

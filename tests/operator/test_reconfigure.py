@@ -11,13 +11,13 @@ from streamjobs import oracle
 from streamjobs_core.jobstore import RedisJobStore
 
 from .conftest import NAMESPACE, events, eventually, run_kubectl
-from .jobs import get, tagged_words
+from .jobs import get, job_id, tagged_words
 
 
 def test_a_query_edited_by_kubectl_apply_changes_live_with_events_and_exact_output(
         emulator, kube, kubelet, redis_client, job, spark, tmp_path):
     job(tagged_words("retagged"), kubectl=True)
-    jobs = RedisJobStore(redis_client, "retagged")
+    jobs = RedisJobStore(redis_client, job_id("retagged"))
     out = jobs.keys.output_stream("copies")
     eventually(lambda: redis_client.xlen(out) > 300, 120, "copies before the edit")
     pods = list(kubelet.started)
@@ -51,7 +51,7 @@ def test_a_query_edited_by_kubectl_apply_changes_live_with_events_and_exact_outp
         if version == 2:
             assert "retagged-more-e1-0" in kubelet.started and kube.get("services", NAMESPACE, "retagged-more")
             eventually(lambda: redis_client.xlen(extra) > 300, 60, "the added sink's output")
-    assert not [p for p in kubelet.pods if p.startswith("retagged-more")] and not kube.get(
+    assert not [name for _, name in kubelet.pods if name.startswith("retagged-more")] and not kube.get(
         "services", NAMESPACE, "retagged-more")
     assert set(jobs.versions("more").values()) == {3} and redis_client.xlen(extra) > 300
     jobs.request_stop()

@@ -16,7 +16,7 @@ from streamjobs_operator.autoscaling import SpecScaler, StatusDecisionLog
 from streamjobs_operator.resources import LABEL_JOB, Owner
 
 from .conftest import NAMESPACE, assert_exact_after_stop, events, eventually
-from .jobs import get, window_counts, wordcopy
+from .jobs import get, job_id, window_counts, wordcopy
 
 
 def _statefulsets(kube, job: str) -> dict[str, dict]:
@@ -40,7 +40,7 @@ def test_a_window_stage_in_pods_rescales_by_a_spec_edit_with_prestaged_state_and
     it 3 -> 2 the same way. The windows counted equal a Spark batch computation over the committed input."""
     doc = window_counts("elastic")
     body = job(doc)
-    jobs = RedisJobStore(redis_client, "elastic")
+    jobs = RedisJobStore(redis_client, job_id("elastic"))
     out = jobs.keys.output_stream("totals")
     eventually(lambda: redis_client.xlen(out) > 0, 120, "window results")
     # `kubectl get sj` columns: the source offers 150 rec/s; what waits between operators is a count.
@@ -83,7 +83,7 @@ def test_a_window_stage_in_pods_rescales_by_a_spec_edit_with_prestaged_state_and
     assert get(kube, "elastic")["status"]["operators"]["totals"]["assignedParallelism"] == 2  # chained to counts
     assert get(kube, "elastic")["status"]["lastRescale"]["to"] == 2
     assert not get(kube, "elastic")["status"].get("rescaleInProgress")
-    assert ["--job", "elastic", "--operator", "counts", "--await-epoch", "2"] in seen_standbys
+    assert ["--job", job_id("elastic"), "--operator", "counts", "--await-epoch", "2"] in seen_standbys
     # Pods were added and removed, never deleted and recreated: each pod name started exactly once.
     pods = [p for p in kubelet.started if p.startswith("elastic-counts-")]
     assert sorted(pods) == sorted({*pods}) == [
@@ -106,12 +106,12 @@ def test_a_fluid_rescale_scales_the_statefulset_and_moves_key_groups_while_every
     over one per step at markers, and on the way back loses the pods it emptied."""
     doc = wordcopy("fluid", sink_parallelism=1, rescale={"strategy": "fluid"})
     job(doc)
-    keys = JobKeys("fluid")
+    keys = JobKeys(job_id("fluid"))
     out = keys.output_stream("copies")
     eventually(lambda: redis_client.xlen(out) > 0, 90, "sink output")
 
     def assigned(n: int, epoch: int) -> bool:
-        a = RedisJobStore(redis_client, "fluid").assignment("copies")
+        a = RedisJobStore(redis_client, job_id("fluid")).assignment("copies")
         return a.epoch == epoch and a.parallelism == n
 
     _set_sink_parallelism(kube, doc, 3)

@@ -23,7 +23,7 @@ def test_a_standby_statefulset_waits_for_its_epoch_and_takes_its_instance_from_t
     assert sts["spec"]["replicas"] == 3 and sts["spec"]["serviceName"] == "wordcount-count"
     container = sts["spec"]["template"]["spec"]["containers"][0]
     assert container["command"] == ["python", "-m", "streamjobs_worker"]
-    assert container["args"] == ["--job", "wordcount", "--operator", "count", "--await-epoch", "4"]
+    assert container["args"] == ["--job", "jobs/wordcount", "--operator", "count", "--await-epoch", "4"]  # its keys: per namespace
     env = {e["name"]: e for e in container["env"]}
     assert env["STREAMJOBS_INSTANCE"]["valueFrom"]["fieldRef"]["fieldPath"] == \
         "metadata.labels['apps.kubernetes.io/pod-index']"
@@ -34,12 +34,18 @@ def test_a_standby_statefulset_waits_for_its_epoch_and_takes_its_instance_from_t
     assert "--await-epoch" not in first["spec"]["template"]["spec"]["containers"][0]["args"]
 
 
-def test_the_redis_password_comes_from_the_secret_through_the_kubelet_expansion():
-    env = resources.redis_env(resources.RedisTarget("redis://redis:6379/0", password_secret="auth"))
-    assert [e["name"] for e in env] == ["STREAMJOBS_REDIS_PASSWORD", "STREAMJOBS_REDIS_URL"]  # order matters
-    assert env[0]["valueFrom"]["secretKeyRef"] == {"name": "auth", "key": "password"}
-    assert env[1]["value"] == "redis://:$(STREAMJOBS_REDIS_PASSWORD)@redis:6379/0"
-    assert resources.with_password("redis://u:p@h:1", "x") == "redis://u:p@h:1"  # explicit credentials win
+def test_the_redis_password_comes_from_the_secret_in_a_variable_of_its_own_never_in_the_url():
+    target = resources.RedisTarget("redis://redis:6379/0", password_secret="auth")
+    env = {e["name"]: e for e in resources.redis_env(target)}
+    assert env["STREAMJOBS_REDIS_URL"]["value"] == "redis://redis:6379/0"
+    assert env["STREAMJOBS_REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": "auth", "key": "password"}
+    # With a user of its own, the job's workers log in as that user, with the password of its Secret.
+    access = resources.JobAccess.of(OWNER)
+    env = {e["name"]: e for e in resources.redis_env(target, access)}
+    assert env["STREAMJOBS_REDIS_USERNAME"]["value"] == "streamjob:jobs/wordcount"
+    assert env["STREAMJOBS_REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": "wordcount-redis-user",
+                                                                              "key": "password"}
+    assert env["STREAMJOBS_REDIS_URL"]["value"] == "redis://redis:6379/0"
 
 
 def test_a_ca_secret_is_mounted_read_only_and_the_workers_verify_the_server_against_it():
@@ -51,8 +57,7 @@ def test_a_ca_secret_is_mounted_read_only_and_the_workers_verify_the_server_agai
     mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "redis-ca")
     assert mount == {"name": "redis-ca", "mountPath": "/etc/streamjobs-redis-ca", "readOnly": True}
     url = next(e["value"] for e in pod["containers"][0]["env"] if e["name"] == "STREAMJOBS_REDIS_URL")
-    assert url == ("rediss://:$(STREAMJOBS_REDIS_PASSWORD)@redis:6380/0"
-                   "?ssl_ca_certs=/etc/streamjobs-redis-ca/ca.crt&ssl_cert_reqs=required")
+    assert url == "rediss://redis:6380/0?ssl_ca_certs=/etc/streamjobs-redis-ca/ca.crt&ssl_cert_reqs=required"
     # Without a CA secret nothing is mounted and the URL is the spec's.
     plain = resources.statefulset(OWNER, "count", 1, 2, standby=False, redis=resources.RedisTarget("redis://r"),
                                   settings=Settings())["spec"]["template"]["spec"]

@@ -19,13 +19,13 @@ from streamjobs_core.layout import JobKeys
 from streamjobs_operator.resources import LABEL_JOB
 
 from .conftest import NAMESPACE, assert_exact_after_stop, await_deleted, eventually
-from .jobs import wordcopy
+from .jobs import job_id, wordcopy
 from .kubelet import Kubelet
 
 
 def _start_operator(emulator, redis_server, log) -> subprocess.Popen:
     env = {**os.environ, "KUBECONFIG": str(emulator.kubeconfig), "STREAMJOBS_DEFAULT_REDIS_URL": redis_server.url,
-           "STREAMJOBS_STATUS_INTERVAL_S": "1", "STREAMJOBS_READY_TIMEOUT_S": "120"}
+           "STREAMJOBS_STATUS_INTERVAL_S": "1", "STREAMJOBS_READY_TIMEOUT_S": "120", "STREAMJOBS_REDIS_ACL": "true"}
     return subprocess.Popen([sys.executable, "-m", "kopf", "run", "--standalone", "--all-namespaces",
                              "-m", "streamjobs_operator.handlers"], env=env, stdout=log, stderr=subprocess.STDOUT)
 
@@ -58,7 +58,7 @@ def test_a_rescale_interrupted_by_an_operator_crash_is_resumed(emulator, kube, r
     with Kubelet(kube, tmp_path) as kubelet:
         doc = wordcopy("survivor", sink_parallelism=1)
         kube.ensure("streamjobs", doc)
-        keys = JobKeys("survivor")
+        keys = JobKeys(job_id("survivor"))
         eventually(lambda: redis_client.xlen(keys.output_stream("copies")) > 0, 90, "sink output")
 
         kube.patch("streamjobs", NAMESPACE, "survivor",

@@ -12,17 +12,17 @@ from streamjobs import oracle
 from streamjobs_core.jobstore import RedisJobStore
 
 from .conftest import NAMESPACE, await_deleted, events, eventually
-from .jobs import apply, get, phase, window_counts
+from .jobs import apply, get, job_id, phase, window_counts
 
 
 def test_a_job_restored_from_a_savepoint_goes_on_rescaled_and_exact(
-        emulator, kube, kubelet, redis_client, redis_server, job, spark, tmp_path):
+        emulator, kube, kubelet, redis_client, redis_server, job, spark, savepoints):
     job(window_counts("saved", parallelism=1))
-    jobs = RedisJobStore(redis_client, "saved")
+    jobs = RedisJobStore(redis_client, job_id("saved"))
     out = jobs.keys.output_stream("totals")
     eventually(lambda: redis_client.xlen(out) > 30, 120, "window results")
-    path = tmp_path / "saved.savepoint"
-    taken = subprocess.run([sys.executable, "-m", "streamjobs.cli", "savepoint", "--job", "saved", "--redis-url",
+    path = savepoints / "saved.savepoint"
+    taken = subprocess.run([sys.executable, "-m", "streamjobs.cli", "savepoint", "--job", job_id("saved"), "--redis-url",
                             redis_server.url, "--path", str(path), "--drain-in-flight"], capture_output=True, text=True,
                            timeout=60)
     assert taken.returncode == 0 and "drained" in taken.stdout, taken.stderr
@@ -58,11 +58,18 @@ def test_a_job_restored_from_a_savepoint_goes_on_rescaled_and_exact(
     assert (verdict["correct"], verdict["lost"], verdict["duplicated"]) == (True, 0, 0), verdict
 
 
-def test_a_savepoint_the_spec_cannot_take_is_refused_naming_the_field(emulator, kube, operator, tmp_path):
-    apply(kube, window_counts("unsaved", restoreFrom=str(tmp_path / "missing.savepoint")))
+def test_a_savepoint_the_spec_cannot_take_is_refused_naming_the_field(emulator, kube, operator, savepoints):
+    apply(kube, window_counts("unsaved", restoreFrom=str(savepoints / "missing.savepoint")))
     eventually(lambda: [e for e in events(emulator, "unsaved") if e["reason"] == "Rejected"], 30, "a Rejected event")
     rejected = next(e for e in events(emulator, "unsaved") if e["reason"] == "Rejected")
     assert "spec.restoreFrom: cannot read savepoint" in rejected["message"]
     assert phase(kube, "unsaved") != "Running"
     kube.delete("streamjobs", NAMESPACE, "unsaved")
     eventually(lambda: kube.get("streamjobs", NAMESPACE, "unsaved") is None, 30, "unsaved deleted")
+
+    # Only files under the operator's savepoint mount: not a device, not a file of the operator's own.
+    apply(kube, window_counts("zeroes", restoreFrom="/dev/zero"))
+    rejected = eventually(lambda: [e for e in events(emulator, "zeroes") if e["reason"] == "Rejected"], 30, "event")
+    assert f"spec.restoreFrom: /dev/zero is not under {savepoints}" in rejected[0]["message"]
+    kube.delete("streamjobs", NAMESPACE, "zeroes")
+    eventually(lambda: kube.get("streamjobs", NAMESPACE, "zeroes") is None, 30, "zeroes deleted")

@@ -9,7 +9,7 @@ import signal
 import sys
 import threading
 
-from streamjobs_core.connect import connect
+from streamjobs_core.connect import Credentials, connect
 from streamjobs_core.control import EXIT_FAILED, JobFailure
 from streamjobs_core.jobstore import RedisJobStore
 from streamjobs_core.reconfigure import plan_for
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
 def serve(args: argparse.Namespace, signals: Signals, client=None) -> int:
     """A worker's whole life, as its arguments say, until stopped or retired; its exit status. `client`: its
     Redis connection, when its owner keeps a hold on it (a worker run in a thread)."""
-    r = client or connect(args.redis_url)
+    r = client or connect(args.redis_url, args.credentials)
     jobs = RedisJobStore(r, args.job)
     try:
         return _serve(r, jobs, args, signals)
@@ -94,7 +94,9 @@ def arguments(argv: list[str] | None) -> argparse.Namespace:
         "--spare", default=None, metavar="ID",
         help="start as a warm spare: warm up Spark, then wait to be promoted to an instance (spares.py)",
     )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    args.credentials = Credentials.taken_from_env()
+    return args
 
 
 def _serve(r, jobs: RedisJobStore, args: argparse.Namespace, signals: Signals) -> int:

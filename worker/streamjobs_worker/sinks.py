@@ -45,7 +45,7 @@ class ParquetSink:
     def __init__(self, plan: JobPlan, op: str, instance: int) -> None:
         spec = plan.spec.operator(op)
         self._manifest = plan.keys.manifest(op)
-        self._dir = os.path.join(spec.path, plan.name, op)
+        self._dir = os.path.join(spec.path, plan.id, op)  # namespace/name: jobs of one name apart
         self._prefix = f"i{instance}"
         self._spark = spark.session()
 

@@ -68,6 +68,9 @@ def _process_session(master: str | None = None, memory: str | None = None,
         # first, e.g. one swapped in live. The JVM's own mapping (Spark 3's, and Flink's) costs
         # ~0.1 s; the two differ only for characters newer than the JDK's Unicode version.
         .config("spark.sql.icu.caseMappings.enabled", "false")
+        # A spec's SQL reads its batch, not files: `SELECT * FROM text.`/etc/...`` would read any file
+        # the worker can (its mounted secrets too).
+        .config("spark.sql.runSQLOnFiles", "false")
         .config("spark.driver.memory", memory or os.environ.get("STREAMJOBS_SPARK_MEMORY", "1g"))
         .config("spark.driver.extraJavaOptions", f"-XX:+UseSerialGC {java_options or ''}".strip())
         .getOrCreate()

@@ -41,7 +41,7 @@ class Prestaged:
 def state_directory(plan: JobPlan, op: str, instance: int, epoch: int) -> str:
     # Per epoch: a standby and the old instance with its index run side by side during a rescale.
     root = plan.spec.state.directory or tempfile.gettempdir()
-    return os.path.join(root, f"streamjobs-{plan.name}-{op}-{instance}-e{epoch}")
+    return os.path.join(root, f"streamjobs-{plan.id.replace('/', '.')}-{op}-{instance}-e{epoch}")
 
 
 def await_epoch(

@@ -73,7 +73,7 @@ class Worker:
             raise NotAChainHead(f"'{op}' runs in the workers of '{chain.head}', chained after it "
                                 f"({' -> '.join(chain.operators)}); set chain: false on it to run it on its own")
         self.r = r
-        self.jobs = jobs = RedisJobStore(r, plan.name)
+        self.jobs = jobs = RedisJobStore(r, plan.id)
         self.op = op
         self.instance = instance
         assignment = jobs.assignment(op) or plan.initial_assignment(op)
@@ -86,7 +86,7 @@ class Worker:
         chain = plan.chain(op)
         self.spec = plan.spec.operator(op)
         self.incarnation = jobs.new_incarnation(op, instance)
-        self.metrics = WorkerMetrics(plan.name, op, instance)
+        self.metrics = WorkerMetrics(plan.id, op, instance)
         self.metrics.owned_key_groups.set(len(self.owned))
         self.metrics.assignment_epoch.set(assignment.epoch)
         if prestaged is not None and set(prestaged.store.key_groups) != set(self.owned):

@@ -30,6 +30,15 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 {{- end -}}
 
+{{/* The Secret whose key `password` the operator logs in to the default Redis with (empty: none). */}}
+{{- define "streamjobs.redisPasswordSecret" -}}
+{{- if .Values.redis.enabled -}}
+{{- .Values.redis.auth.existingSecret | default (printf "%s-redis-auth" (include "streamjobs.fullname" .)) -}}
+{{- else -}}
+{{- .Values.redis.passwordSecret -}}
+{{- end -}}
+{{- end -}}
+
 {{/* Pods run as an unprivileged user with a read-only root filesystem. */}}
 {{- define "streamjobs.podSecurityContext" -}}
 runAsNonRoot: true

@@ -132,7 +132,7 @@ def _floor(spark, kind: str, plan: JobPlan, table: pa.Table, repeats: int) -> fl
 def measure(r: redis.Redis, spark, kind: str, records: int, repeats: int) -> dict:
     r.flushall()
     plan = _job(kind)
-    RedisJobStore(r, plan.name).deploy(plan)
+    RedisJobStore(r, plan.id).deploy(plan)
     consumer = plan.spec.consumers("words")[0].name
     worker = Worker(r, plan, consumer, 0)
     worker.restore()

@@ -211,7 +211,7 @@ def hot_first(share: float = 0.6):
         owners = [0] * kgs
         for i, kg in enumerate(rest):
             owners[kg] = 1 + i * (n - 1) // len(rest)
-        RedisJobStore(r, plan.name).write_assignment(STAGE, Assignment(1, tuple(owners)))
+        RedisJobStore(r, plan.id).write_assignment(STAGE, Assignment(1, tuple(owners)))
 
     return prepare
 

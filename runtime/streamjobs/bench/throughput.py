@@ -47,7 +47,7 @@ def _count_job(records: int) -> JobPlan:
 
 def _prefill(r: redis.Redis, plan: JobPlan) -> int:
     """Write the whole input with a real source worker; return Redis bytes used per record."""
-    RedisJobStore(r, plan.name).deploy(plan)
+    RedisJobStore(r, plan.id).deploy(plan)
     before = r.info("memory")["used_memory"]
     source = Worker(r, plan, "words", 0)
     source.restore()
