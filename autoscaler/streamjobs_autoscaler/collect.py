@@ -11,6 +11,7 @@ import json
 import urllib.parse
 import urllib.request
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -83,21 +84,34 @@ def add_exposition(counters: dict[str, OperatorCounters], text: str) -> None:
 
 
 class EndpointCollector:
-    """Scrapes every instance registered in the job store, as Prometheus would."""
+    """Scrapes every instance registered in the job store, as Prometheus would.
 
-    def __init__(self, store: JobStore, timeout_s: float = 1.0) -> None:
+    The job's workers write where they are, and they run its user code: an address is scraped only if its
+    host is one `hosts()` names (on Kubernetes: the job's pods' IPs; None: any), and a reply past
+    `max_bytes` (a worker's is some KB) is dropped, so that a job cannot point whoever collects at another
+    service nor flood it.
+    """
+
+    def __init__(self, store: JobStore, timeout_s: float = 1.0, max_bytes: int = 4 << 20,
+                 hosts: Callable[[], set[str]] | None = None) -> None:
         self.store = store
         self.timeout_s = timeout_s
+        self.max_bytes = max_bytes
+        self.hosts = hosts
 
     def collect(self, now: float) -> Snapshot:
         out: dict[str, OperatorCounters] = defaultdict(OperatorCounters)
+        allowed = None if self.hosts is None else self.hosts()
         for address in self.store.registered().values():
+            if allowed is not None and address.rpartition(":")[0] not in allowed:
+                continue
             try:
                 with urllib.request.urlopen(f"http://{address}/metrics", timeout=self.timeout_s) as response:
-                    text = response.read().decode()
+                    data = response.read(self.max_bytes + 1)
             except OSError:
                 continue  # a restarting instance shows up again on the next scrape
-            add_exposition(out, text)
+            if len(data) <= self.max_bytes:
+                add_exposition(out, data.decode(errors="replace"))
         return Snapshot(now, dict(out))
 
 

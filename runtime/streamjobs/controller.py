@@ -20,6 +20,7 @@ from streamjobs_operator import status
 from streamjobs_operator.autoscaling import KopfEvents, SpecScaler, StatusDecisionLog
 from streamjobs_operator.handlers import RESOURCE
 from streamjobs_operator.reconcile import JobContext, SpecError
+from streamjobs_operator.resources import labels
 
 _TICK_S = 1.0
 
@@ -54,8 +55,14 @@ def _autoscaler(ctx: JobContext, r, body: kopf.Body) -> Autoscaler | None:
     if settings.metrics == "prometheus":
         collector = PrometheusCollector(settings.prometheus_url, ctx.owner.job)
     else:
-        collector = EndpointCollector(jobs)
+        collector = EndpointCollector(jobs, hosts=lambda: _pod_ips(ctx))
     return Autoscaler(
         Topology.of(plan), settings, collector, SpecScaler(ctx.kube, ctx.owner, r),
         StatusDecisionLog(ctx.kube, ctx.owner, settings.history_size), KopfEvents(body),
     )
+
+
+def _pod_ips(ctx: JobContext) -> set[str]:
+    """Where the job's workers may be scraped: its own pods, whatever addresses its workers wrote."""
+    pods = ctx.kube.list("pods", ctx.owner.namespace, labels(ctx.owner.name))
+    return {ip for pod in pods if (ip := (pod.get("status") or {}).get("podIP"))}

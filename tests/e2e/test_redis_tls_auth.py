@@ -7,6 +7,7 @@ forgot the password would fail the job, not pass it.
 
 from __future__ import annotations
 
+import io
 import subprocess
 import time
 from pathlib import Path
@@ -64,19 +65,32 @@ def test_the_server_refuses_plain_tcp_and_a_missing_password(tls_redis):
         connect(f"rediss://127.0.0.1:{port}/0?ssl_ca_certs={ca}&ssl_cert_reqs=required").ping()
 
 
-def test_wordcount_over_tls_with_a_password_is_exact(tls_redis, tmp_path):
+def _children(pid: int) -> list[int]:
+    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def test_wordcount_over_tls_with_a_password_is_exact_and_shows_the_password_nowhere(tls_redis, tmp_path):
     _, url, _ = tls_redis
-    seen_command_lines: list[str] = []
+    command_lines: list[str] = []
+    jvm_environments: list[bytes] = []
 
     def look_at_workers(runtime, _elapsed: float) -> None:
         for inst in [i for i in list(runtime.instances.values()) if i.process.poll() is None]:
-            seen_command_lines.append(Path(f"/proc/{inst.process.pid}/cmdline").read_bytes().decode(errors="replace"))
+            command_lines.append(Path(f"/proc/{inst.process.pid}/cmdline").read_bytes().decode(errors="replace"))
+            for child in _children(inst.process.pid):  # Spark's JVM: what SQL's getenv would read
+                jvm_environments.append(Path(f"/proc/{child}/environ").read_bytes())
 
+    screen = io.StringIO()
     report = run_job(load_job(ROOT / "examples/wordcount.yaml"), 10, redis_url=url,
-                     console=Console(force_terminal=False), log_dir=str(tmp_path), during=look_at_workers)
+                     console=Console(file=screen, force_terminal=False, width=200), log_dir=str(tmp_path / "logs"),
+                     during=look_at_workers, report_path=str(tmp_path / "report.json"))
     assert_exact(report)
-    assert seen_command_lines and not any(PASSWORD in line for line in seen_command_lines), \
-        "the password must not be on a worker's command line"
+    assert command_lines and not any(PASSWORD in line for line in command_lines), "a worker's command line"
+    assert jvm_environments and not any(PASSWORD.encode() in env for env in jvm_environments), "a JVM's environment"
+    assert "starting wordcount on rediss://:***@127.0.0.1" in screen.getvalue()
+    shown = {"the console": screen.getvalue(), "the report": (tmp_path / "report.json").read_text(),
+             **{log.name: log.read_text(errors="replace") for log in (tmp_path / "logs").iterdir()}}
+    assert [where for where, text in shown.items() if PASSWORD in text] == []
 
 
 class _Secrets:

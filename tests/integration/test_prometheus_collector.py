@@ -88,3 +88,44 @@ def test_prometheus_and_endpoints_agree(redis_server, r, prometheus, tmp_path):
         assert before.operators[op].records_in - through.operators[op].records_in < 2000 * 2.5
     assert through.operators["words"].busy_s > 0
     assert PrometheusCollector(url, "no-such-job").collect(0).operators == {}
+
+
+
+def _serving(body: bytes):
+    """An HTTP server on a free local port answering every GET with `body`."""
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_the_endpoint_collector_scrapes_only_the_jobs_hosts_and_drops_a_flood():
+    """Workers say where they are, and run user code: an address elsewhere is not scraped, a reply past the
+    bound is dropped."""
+    from streamjobs_core.control import InstanceAddress
+    from streamjobs_core.jobstore import MemoryJobStore
+
+    line = b'streamjobs_records_in_total{job="j",operator="op",instance="0"} 5\n'
+    servers = [_serving(line), _serving(line * 200_000)]  # the second: ~13 MB
+    try:
+        store = MemoryJobStore()
+        for i, server in enumerate(servers):
+            store.register(InstanceAddress("op", i, f"127.0.0.1:{server.server_address[1]}"))
+        counted = EndpointCollector(store).collect(0).operators["op"]
+        assert (counted.instances, counted.records_in) == (1, 5)  # the flood is dropped
+        assert EndpointCollector(store, hosts=lambda: {"10.0.0.7"}).collect(0).operators == {}
+        assert EndpointCollector(store, hosts=lambda: {"127.0.0.1"}).collect(0).operators["op"].records_in == 5
+    finally:
+        for server in servers:
+            server.shutdown()
