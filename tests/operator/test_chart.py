@@ -156,6 +156,24 @@ def test_rbac_is_least_privilege_without_wildcards(manifests):
                    and verbs - {"get", "create" if res == "secrets" else "get"} for (_, res), verbs in granted.items())
 
 
+def test_an_operator_of_some_namespaces_holds_its_rights_there_only(helm):
+    docs = render(helm, "--set", "operator.watchNamespaces={team-a,team-b}")
+    for doc in docs:
+        if doc["kind"] != "CustomResourceDefinition":
+            kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+    (cluster_role,) = [d for d in docs if d["kind"] == "ClusterRole"]
+    assert [(r["resources"], r["verbs"]) for r in cluster_role["rules"]] == [
+        (["customresourcedefinitions"], ["get", "list", "watch"])]
+    roles = {d["metadata"]["namespace"]: d for d in docs if d["kind"] == "Role"}
+    bindings = {d["metadata"]["namespace"]: d for d in docs if d["kind"] == "RoleBinding"}
+    assert set(roles) == set(bindings) == {"team-a", "team-b"}
+    assert {"secrets", "statefulsets", "streamjobs"} <= {res for r in roles["team-a"]["rules"] for res in r["resources"]}
+    assert bindings["team-b"]["subjects"][0]["namespace"] == "streamjobs"
+    (operator,) = [d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("-operator")]
+    command = operator["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert "--namespace=team-a" in command and "--namespace=team-b" in command and "--all-namespaces" not in command
+
+
 def test_pods_run_as_non_root_with_read_only_root_filesystem(manifests):
     specs = _pod_specs([*manifests, *operator_objects()])
     assert {name for name, _ in specs} == {"sj-streamjobs-operator", "sj-streamjobs-redis", "wordcount-count-e2"}
