@@ -26,6 +26,8 @@ class Settings:
     default_redis_password: str | None = None
     # Container resources of every worker pod (requests/limits as in a Pod spec).
     worker_resources: dict = field(default_factory=dict)
+    # Where a worker's /metrics listens; empty: the pod's IP only (not every interface of the pod).
+    worker_metrics_host: str = ""
     # Service account of the worker pods; they need no Kubernetes API access.
     worker_service_account: str | None = None
     # How long a rescale waits for new pods to warm up (SparkSession start ~7 s, image pull first).
@@ -66,6 +68,7 @@ class Settings:
             default_redis_password=env.get("STREAMJOBS_DEFAULT_REDIS_PASSWORD") or None,
             worker_resources=json.loads(env.get("STREAMJOBS_WORKER_RESOURCES") or "{}"),
             worker_service_account=env.get("STREAMJOBS_WORKER_SERVICE_ACCOUNT") or None,
+            worker_metrics_host=env.get("STREAMJOBS_WORKER_METRICS_HOST", ""),
             ready_timeout_s=float(env.get("STREAMJOBS_READY_TIMEOUT_S", defaults.ready_timeout_s)),
             status_interval_s=float(env.get("STREAMJOBS_STATUS_INTERVAL_S", defaults.status_interval_s)),
             allow_jvm_functions=_flag(env.get("STREAMJOBS_ALLOW_JVM_FUNCTIONS")),

@@ -164,7 +164,8 @@ def statefulset(owner: Owner, op: str, epoch: int, replicas: int, *, standby: bo
     env = [
         {"name": "STREAMJOBS_INSTANCE", "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{POD_INDEX_LABEL}']"}}},
         *redis_env(redis, access),
-        {"name": "STREAMJOBS_METRICS_HOST", "value": "0.0.0.0"},
+        {"name": "STREAMJOBS_METRICS_HOST", "value": settings.worker_metrics_host} if settings.worker_metrics_host
+        else {"name": "STREAMJOBS_METRICS_HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         {"name": "STREAMJOBS_METRICS_PORT", "value": str(METRICS_PORT)},
         {"name": "STREAMJOBS_POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         # Spark and Ivy write under $HOME; the root filesystem is read-only.

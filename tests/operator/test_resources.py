@@ -125,3 +125,14 @@ def test_input_rate_needs_two_readings_of_counters_that_only_grow():
     assert input_rate(None, (10.0, 500)) is None
     assert input_rate((10.0, 500), (12.0, 800)) == 150.0
     assert input_rate((10.0, 500), (12.0, 20)) is None  # the job was redeployed: its counters began again
+
+
+def test_metrics_listen_on_the_pods_ip_unless_the_chart_says_otherwise():
+    def metrics_host(settings: Settings) -> dict:
+        sts = resources.statefulset(OWNER, "count", 1, 1, standby=False, redis=resources.RedisTarget("redis://r"),
+                                    settings=settings)
+        return next(e for e in sts["spec"]["template"]["spec"]["containers"][0]["env"]
+                    if e["name"] == "STREAMJOBS_METRICS_HOST")
+
+    assert metrics_host(Settings())["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert metrics_host(Settings.from_env({"STREAMJOBS_WORKER_METRICS_HOST": "0.0.0.0"}))["value"] == "0.0.0.0"
