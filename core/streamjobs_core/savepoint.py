@@ -45,6 +45,7 @@ from .plan import JobPlan
 from .reconfigure import Refused, diff
 from .resplit import CannotResplit, resplit
 from .spec import StreamJob
+from .sqlguard import refused_calls
 
 MAGIC = b"STREAMJOBS-SAVEPOINT\n"  # before anything is decoded: a device or a file of zeros is refused at once
 VERSION = 2
@@ -134,6 +135,12 @@ class Savepoint:
                 raise SavepointError(f"{source} holds a key the job's layout has no place for: {name!r}")
             if not isinstance(payload, bytes) or not payload or payload[0] not in _RDB_TYPES[kind]:
                 raise SavepointError(f"{source}: key {name!r} should hold a {kind}, and does not")
+
+    def jvm_calls(self) -> list[tuple[str, str]]:
+        """(where, message) per SQL field of its plans that reaches the JVM (sqlguard.py): what a restore refuses
+        unless such calls are allowed."""
+        return [(f"plan version {plan.version}: {field}", message) for plan in (*self.earlier, self.plan)
+                for field, message in refused_calls(plan.job)]
 
     def write(self, path: str | Path, signing_key: bytes | None = None) -> None:
         """Whole or not at all: a crash while writing leaves no half savepoint under `path`."""

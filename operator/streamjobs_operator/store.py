@@ -15,7 +15,6 @@ from streamjobs_core.layout import job_id
 from streamjobs_core.plan import JobPlan, edge_totals
 from streamjobs_core.savepoint import SavepointError, check, read_restore_from, restore
 from streamjobs_core.spec import StreamJob
-from streamjobs_core.sqlguard import refused_calls
 
 from .config import Settings
 from .kube import Kube
@@ -77,11 +76,9 @@ def deploy(r, job: StreamJob, uid: str, settings: Settings, reset: tuple[str, ..
     if job.spec.restore_from:  # its input streams stay: the savepoint's offsets point into them
         savepoint = read_restore_from(job, settings.savepoint_trust)
         check(savepoint, job, reset)
-        refused = [] if settings.allow_jvm_functions else [
-            f"version {plan.version}: {field}: {message}" for plan in (*savepoint.earlier, savepoint.plan)
-            for field, message in refused_calls(plan.job)]
+        refused = [] if settings.allow_jvm_functions else savepoint.jvm_calls()
         if refused:
-            raise SavepointError(f"spec.restoreFrom: the savepoint's plan {refused[0]}")
+            raise SavepointError("spec.restoreFrom: the savepoint's {}: {}".format(*refused[0]))
         restore(jobs, savepoint, owner=uid, max_parallelism=job.spec.max_parallelism)
         return True
     jobs.clear(keep_input=False)

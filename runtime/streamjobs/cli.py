@@ -77,7 +77,6 @@ def _run(args) -> int:
         return 2
     from streamjobs_core.reconfigure import Refused
     from streamjobs_core.savepoint import Savepoint, SavepointError, Trust
-    from streamjobs_core.sqlguard import refused_calls
 
     from .local import PreviousRun
 
@@ -88,11 +87,9 @@ def _run(args) -> int:
         except SavepointError as exc:
             print(f"--from-savepoint: {exc}", file=sys.stderr)
             return 2
-        refused = [] if args.allow_jvm_functions else [
-            (f"{args.from_savepoint}: plan version {plan.version}: {field}", message)
-            for plan in (*savepoint.earlier, savepoint.plan) for field, message in refused_calls(plan.job)]
+        refused = [] if args.allow_jvm_functions else savepoint.jvm_calls()
         for where, message in refused:
-            print(f"{where}: {message}", file=sys.stderr)
+            print(f"{args.from_savepoint}: {where}: {message}", file=sys.stderr)
         if refused:
             return 2
     stop_on_terminal_signals()

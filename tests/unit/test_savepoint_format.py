@@ -40,3 +40,18 @@ def test_a_changed_or_cut_savepoint_is_refused(at, flip, cut):
     assert _decoded_or_refused(bytes(changed)) in (None, SAVEPOINT)  # a byte of the envelope's framing may not matter
     if cut < len(ENCODED):
         assert _decoded_or_refused(ENCODED[:cut]) is None
+
+
+def test_a_plan_in_a_savepoint_that_reaches_the_jvm_is_named():
+    from streamjobs_core.loading import parse_job
+    from streamjobs_core.plan import JobPlan
+
+    job = parse_job({"apiVersion": "streamjobs.dev/v1alpha1", "kind": "StreamJob", "metadata": {"name": "ctl"}, "spec": {
+        "sources": [{"name": "words", "type": "zipf"}],
+        "stages": [{"name": "tag", "type": "sql", "inputs": ["words"],
+                    "query": "SELECT reflect('java.lang.System', 'getenv', 'HOME') AS h, event_time FROM input"}],
+        "sinks": [{"name": "out", "type": "redis_stream", "inputs": ["tag"]}]}})
+    crafted = Savepoint("ctl", 1, JobPlan(job, 0, version=2), (), "7.0.15", (control_plan(),))
+    ((where, message),) = crafted.jvm_calls()
+    assert where == "plan version 2: spec.stages[0].query" and "reflect()" in message
+    assert SAVEPOINT.jvm_calls() == []
