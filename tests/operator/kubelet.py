@@ -19,7 +19,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from streamjobs_operator.kube import Kube
+from streamjobs_operator.kube import Kube, KubeError
 from streamjobs_operator.resources import POD_INDEX_LABEL
 from streamjobs_worker.parent import parent_env
 
@@ -83,7 +83,11 @@ class Kubelet:
             if pod is None:
                 self._create(ns, name, sts, index)
             elif pod.process.poll() is not None and not pod.terminating:
-                pod.process = self._spawn(self.kube.get("pods", ns, name))  # restartPolicy: Always
+                body = self.kube.get("pods", ns, name)
+                if body is None:  # the Pod object was deleted under it: the next pass creates it anew
+                    del self.pods[ns, name]
+                    continue
+                pod.process = self._spawn(body)  # restartPolicy: Always
                 pod.restarts += 1
         for key, pod in list(self.pods.items()):
             if key not in wanted and not pod.terminating:
@@ -97,8 +101,12 @@ class Kubelet:
                         and not p.terminating and p.process.poll() is None)
             current = sts.get("status") or {}
             if current.get("readyReplicas") != ready or current.get("replicas") != ready:
-                self.kube.patch("statefulsets", ns, name, {"status": {"replicas": ready, "readyReplicas": ready}},
-                                subresource="status")
+                try:
+                    self.kube.patch("statefulsets", ns, name, {"status": {"replicas": ready, "readyReplicas": ready}},
+                                    subresource="status")
+                except KubeError as exc:
+                    if exc.status != 404:  # deleted since the list above, as the operator may do at any time
+                        raise
 
     def _create(self, namespace: str, name: str, sts: dict, index: int) -> None:
         template = sts["spec"]["template"]
