@@ -106,6 +106,11 @@ _Loader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|Tr
 
 
 def load_job(path: str | Path) -> StreamJob:
+    return parse_job(load_document(path))
+
+
+def load_document(path: str | Path) -> Any:
+    """A job's YAML file as data, unchecked (`on:` stays a key: YAML 1.1's yes/no/on/off are not booleans here)."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -118,4 +123,4 @@ def load_job(path: str | Path) -> StreamJob:
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
         problem = getattr(exc, "problem", None) or " ".join(str(exc).split())
         raise SpecError([("(document)", f"not valid YAML{where}: {problem}")]) from None
-    return parse_job(data)
+    return data

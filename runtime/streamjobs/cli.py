@@ -466,6 +466,11 @@ def _bench(args) -> int:
         from .bench import state
 
         measured = state.run(args.quick, args.job, args.operator)
+    elif args.name == "nexmark":
+        from .bench import nexmark
+
+        measured = nexmark.run(args.quick, args.runs or 1, tuple(args.cores or (1, 2)),
+                               tuple(args.query or nexmark.QUERIES))
     elif args.name == "latency":
         from .bench import latency
 
@@ -477,7 +482,7 @@ def _bench(args) -> int:
     else:
         from .bench import throughput
 
-        measured = throughput.run(args.quick)
+        measured = throughput.run(args.quick, args.runs or 3, tuple(args.cores or (1, 2)))
     result = {"bench": args.name, "quick": args.quick, **measured}
     text = json.dumps(result, indent=2)
     print(text)
@@ -614,7 +619,8 @@ def main(argv: list[str] | None = None) -> int:
     rebalance.set_defaults(func=_rebalance)
 
     bench = sub.add_parser("bench", help="benchmarks measured on this machine")
-    bench.add_argument("name", choices=["throughput", "latency", "hop", "autoscale", "rescale", "state", "reconfigure"])
+    bench.add_argument("name", choices=["throughput", "nexmark", "latency", "hop", "autoscale", "rescale", "state",
+                                        "reconfigure"])
     bench.add_argument("--scenario", action="append", default=None,
                        help="autoscale: run only this load profile (repeatable)")
     bench.add_argument("--strategy", action="append", default=None, choices=STRATEGIES,
@@ -624,6 +630,13 @@ def main(argv: list[str] | None = None) -> int:
                        help="rescale: the large state for handover_growth (default 500, --quick 200)")
     bench.add_argument("--job", default=None, help="state: the job to run (default examples/nexmark-q8.yaml)")
     bench.add_argument("--operator", default=None, help="state: the operator whose state is sampled (default new-users)")
+    bench.add_argument("--runs", type=int, default=None,
+                       help="throughput, nexmark: runs per system and core count (median, range; default 3 and 1)")
+    bench.add_argument("--cores", type=int, action="append", default=None,
+                       help="throughput, nexmark: measure on this many cores, every system pinned alike (repeatable; "
+                       "default 1 and 2)")
+    bench.add_argument("--query", action="append", default=None,
+                       help="nexmark: measure only this query (q1 ... q8, ysb; repeatable; default all)")
     bench.add_argument("--json", default=None, help="write the results here")
     bench.set_defaults(func=_bench)
 

@@ -1,20 +1,21 @@
-"""The throughput benchmark's two measurements, on small inputs (rates are not asserted: that is the benchmark's job)."""
+"""The throughput benchmark's measurements, on small inputs (rates are not asserted: that is the benchmark's job)."""
 
 from __future__ import annotations
 
 from streamjobs.bench import sss_peer, throughput
 
 
-def test_ours_consumes_the_whole_prefilled_backlog(r, spark):
-    plan = throughput._count_job(20_000)
-    result = throughput.measure_ours(r, plan)
-    consumed = sum(int(v) for v in r.hvals(plan.keys.consumed("words", "count")))
-    assert consumed == 20_000
-    assert 0 < result["ours_measured_records"] <= 20_000
-    assert result["ours_records_per_s"] > 0 and result["redis_bytes_per_record"] > 0
+def test_ours_is_the_whole_job_measured_from_a_quarter_of_its_input_to_the_end_and_exact(spark):
+    from streamjobs.launchers import ThreadLauncher
+
+    result = throughput.measure_ours(60_000, launcher=ThreadLauncher(), max_batch_records=5_000)
+    assert 0 < result["records"] <= 45_000  # the first quarter is warm-up
+    assert result["records_per_s"] > 0 and result["cpu_s_per_million"] > 0
+    assert result["correct"] is True and result["lost"] == 0 and result["duplicated"] == 0
 
 
-def test_peer_reports_rows_from_progress(spark):
+def test_the_peer_is_timed_by_wall_clock_from_its_third_batch(spark):
     result = sss_peer.measure_peer(spark, rows_per_batch=5_000, batches=2, vocabulary=throughput.VOCABULARY)
-    assert result["peer_measured_records"] >= 5_000
-    assert result["peer_records_per_s"] > 0
+    assert result["records"] >= 5_000
+    assert result["end_s"] > result["start_s"] and result["seconds"] == result["end_s"] - result["start_s"]
+    assert result["records_per_s"] == result["records"] / result["seconds"]

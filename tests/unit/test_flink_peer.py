@@ -71,6 +71,7 @@ def test_steady_rate_leaves_out_the_start_and_the_windows_fired_at_end_of_input(
     # Paced windows end at 1..19 s; the first 4 (25%) are left out: 5 s .. 19 s of event time.
     assert rate.records == 14 * sql.THROUGHPUT_ROWS_PER_EVENT_S
     assert rate.seconds == pytest.approx(7.0)
+    assert (rate.start_ms, rate.end_ms) == (11_000, 18_000)  # the wall times its CPU is read between
 
 
 def test_steady_rate_needs_two_windows_to_time():

@@ -16,10 +16,11 @@ from pathlib import Path
 import numpy as np
 
 from ..live import percentiles
-from .flink import sql
+from .cpus import CpuClock
+from .flink import nexmark_sql, sql
 from .flink.session import FlinkNotInstalled, FlinkSession, flink_lib, installed
 
-__all__ = ["FlinkNotInstalled", "installed", "measure_latency", "measure_restart", "measure_throughput"]
+__all__ = ["FlinkNotInstalled", "installed", "measure_latency", "measure_query", "measure_restart", "measure_throughput"]
 
 _START_TIMEOUT_S = 180  # a busy 2-core machine plans and deploys slowly
 # The JVM's heap: datagen's sequence generator holds every value it will emit, boxed.
@@ -48,11 +49,13 @@ def measure_throughput(records: int, vocabulary: int = 1000, cores: int = 1) -> 
     the 25% mark of the input to its end (sql.steady_rate). So it leaves out the
     job's start (planning, deployment, datagen filling its sequence), which
     `flink_records_per_s_with_start` (records over submit-to-finish wall time) keeps.
+    `flink_cpu_s_per_million`: the CPU-seconds of the JVM (every thread) and of this
+    process over the same stretch (cpus.CpuClock), per million records.
     """
     flink_lib()  # a missing extra fails here, before any work (in each function)
     job = sql.throughput_job(records, vocabulary)
     heap_mb = _BASE_HEAP_MB + records * _HEAP_BYTES_PER_RECORD // 1_000_000
-    with FlinkSession(cores, heap_mb) as flink:
+    with FlinkSession(cores, heap_mb) as flink, CpuClock() as clock:
         submitted = time.time()
         client = flink.submit(job, parallelism=1)
         result = flink.result(client.getJobExecutionResult(), _START_TIMEOUT_S + records / 20_000)
@@ -60,8 +63,11 @@ def measure_throughput(records: int, vocabulary: int = 1000, cores: int = 1) -> 
         job_s = result.getNetRuntime() / 1000
         rows = sql.print_rows(flink.lines())
     rate = sql.steady_rate(((sql.epoch_ms(end), sql.epoch_ms(fired)) for end, fired in rows), records)
+    stretch = clock.stretch(rate.start_ms / 1000, rate.end_ms / 1000, rate.records)
     return {
         "flink_records_per_s": rate.records_per_s,
+        "flink_cpu_s_per_million": stretch.cpu_s_per_million,
+        "flink_cpu_by_process": clock.profile(stretch.start, stretch.end),
         "flink_measured_records": rate.records,
         "flink_measured_s": rate.seconds,
         "flink_records": records,
@@ -70,6 +76,23 @@ def measure_throughput(records: int, vocabulary: int = 1000, cores: int = 1) -> 
         "flink_cores": cores,
         "flink_parallelism": 1,
     }
+
+
+def measure_query(job: sql.FlinkJob, records: int, cores: int, parallelism: int = 1) -> dict:
+    """A `bench nexmark` query (flink/nexmark_sql.query_job) over `records` events, on `cores` cores. Timed by its progress probe: from the first point at or past a quarter of the events (the start and
+    JIT warm-up left out) to the last, with the CPU-seconds of the JVM and this process in between."""
+    flink_lib()
+    heap_mb = _BASE_HEAP_MB + records * _HEAP_BYTES_PER_RECORD // 1_000_000
+    with FlinkSession(cores, heap_mb) as flink, CpuClock() as clock:
+        client = flink.submit(job, parallelism)
+        flink.result(client.getJobExecutionResult(), _START_TIMEOUT_S + records / 10_000)
+        points = nexmark_sql.progress(sql.print_rows(flink.lines()))
+    measured = [(seen, at) for seen, at in points if seen >= records / 4]
+    if len(measured) < 2:
+        raise RuntimeError(f"the progress probe printed {len(points)} points: too few to time {records} events")
+    (first, start_ms), (last, end_ms) = measured[0], measured[-1]
+    stretch = clock.stretch(start_ms / 1000, end_ms / 1000, last - first)
+    return {**stretch.as_dict(), "cpu_by_process": clock.profile(stretch.start, stretch.end)}
 
 
 def measure_latency(rate: float, duration_s: float, shape, parallelism: int = 1, cores: int = 2) -> dict:

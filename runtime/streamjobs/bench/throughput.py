@@ -1,99 +1,149 @@
-"""`streamjobs bench throughput`: a keyed windowed count at saturation, ours vs Spark Structured Streaming.
+"""`streamjobs bench throughput`: a keyed 1 s tumbling count at saturation, ours against Apache Flink and
+Spark Structured Streaming, on the same cores, sources included on every side.
 
-Ours: the input is first written to the kg streams by a real source worker
-(generation is not part of the measurement); then one window_aggregate worker,
-run in this process on a one-core SparkSession, consumes the whole backlog
-through its normal read -> Spark -> merge -> commit loop. The peer is the same
-keyed tumbling-window count in Spark Structured Streaming on its rate source,
-on the same one-core session, writing to the noop sink. Both rates are
-records per second of wall time over the measured stretch, warm-up excluded.
-Apache Flink, the second peer, runs the same query in Flink SQL on a local
-mini-cluster pinned to one core (flink_peer.py; its steady rate, job start
-excluded), when the optional `bench` extra is installed.
-Latency is `streamjobs bench latency`'s (latency.py).
+For each core count (1, then 2) every process of every system runs on the same
+cores (cpus.pinned: ours are the source and the count worker processes, their
+JVMs, the runtime's controller and redis-server; Flink's is its JVM; Spark's is
+its driver process and JVM), one system at a time, `runs` times each:
+- ours: the job below run by the local runtime, its zipf source generating as
+  fast as backpressure lets it, checked exact by the oracle afterwards;
+- Flink: the same query in Flink SQL over its datagen source, parallelism 1
+  (flink_peer.measure_throughput);
+- Spark Structured Streaming: the same query on its rate-micro-batch source,
+  `local[cores]`, in a process of its own (sss_peer.measure_peer).
+Each is measured over a stretch that leaves out its start (JVMs, planning, JIT):
+ours from the sample that saw 25% of the input consumed by the count stage to
+the one that saw all of it, Flink between window firings from 25% of its input
+on, Spark over its batches after two. Over that stretch: records/s of wall time
+and CPU-seconds per million records, summed over every process of that system
+from /proc (cpus.CpuClock). Reported per system: median and range of the runs;
+ratios are of medians, >= 1 when ours is better (faster, or less CPU).
+The three sources differ (ours draws zipf words by hashing the record index,
+Flink and Spark take a sequence modulo the vocabulary); each is part of its system.
 """
 
 from __future__ import annotations
 
-import time
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
 
 import redis
-from streamjobs_core.jobstore import RedisJobStore
+from rich.console import Console
 from streamjobs_core.loading import parse_job
-from streamjobs_core.plan import JobPlan
-from streamjobs_worker.worker import Worker
+from streamjobs_core.spec import StreamJob
 
 from ..redis_server import RedisServer
-from .sss_peer import measure_peer
+from ..run import run_job
+from . import sss_peer
+from .cpus import CpuClock, pinned, spread
 
 VOCABULARY = 1000
+SOURCE, STAGE = "words", "count"
+MAX_BATCH_RECORDS = 200_000
 
 
-def _count_job(records: int) -> JobPlan:
-    job = parse_job({
+def count_job(records: int, max_batch_records: int = MAX_BATCH_RECORDS) -> StreamJob:
+    return parse_job({
         "apiVersion": "streamjobs.dev/v1alpha1", "kind": "StreamJob", "metadata": {"name": "bench-throughput"},
         "spec": {
-            "sources": [{"name": "words", "type": "zipf", "vocabulary": VOCABULARY, "totalRecords": records,
+            "sources": [{"name": SOURCE, "type": "zipf", "vocabulary": VOCABULARY, "totalRecords": records,
                          "rate": {"recordsPerSecond": 1e9}}],
-            "stages": [{"name": "count", "type": "window_aggregate", "inputs": ["words"], "keyBy": "word",
+            "stages": [{"name": STAGE, "type": "window_aggregate", "inputs": [SOURCE], "keyBy": "word",
                         "window": {"sizeMs": 1000}, "aggregations": [{"function": "count", "as": "n"}]}],
-            "sinks": [{"name": "out", "type": "redis_stream", "inputs": ["count"]}],
-            # The whole input is written before the stage starts: backpressure must not stop the source.
-            "batching": {"maxRecords": 500_000, "maxLagRecords": records + 1},
+            "sinks": [{"name": "out", "type": "redis_stream", "inputs": [STAGE]}],
+            "batching": {"maxRecords": max_batch_records},
         },
     })
-    return JobPlan(job, int(time.time() * 1000))
 
 
-def _prefill(r: redis.Redis, plan: JobPlan) -> int:
-    """Write the whole input with a real source worker; return Redis bytes used per record."""
-    RedisJobStore(r, plan.id).deploy(plan)
-    before = r.info("memory")["used_memory"]
-    source = Worker(r, plan, "words", 0)
-    source.restore()
-    while not source.input.finished:
-        source.step()
-    records = plan.spec.sources[0].total_records
-    return (r.info("memory")["used_memory"] - before) / records
-
-
-def measure_ours(r: redis.Redis, plan: JobPlan) -> dict:
-    bytes_per_record = _prefill(r, plan)
-    records = plan.spec.sources[0].total_records
-    stage = Worker(r, plan, "count", 0)
-    stage.restore()
-    stage.step()  # first batch pays one-off costs
-    consumed_key = plan.keys.consumed("words", "count")
-    start_count = sum(int(v) for v in r.hvals(consumed_key))
-    started = time.monotonic()
-    while sum(int(v) for v in r.hvals(consumed_key)) < records:
-        stage.step()
-    elapsed = time.monotonic() - started
-    return {
-        "ours_records_per_s": (records - start_count) / elapsed,
-        "ours_measured_records": records - start_count,
-        "ours_measured_s": elapsed,
-        "redis_bytes_per_record": bytes_per_record,
-    }
-
-
-def run(quick: bool) -> dict:
-    from streamjobs_worker import spark as worker_spark
-
-    records = 2_000_000 if quick else 6_000_000  # ours: 5-10 batches of up to 500k after the first
+def measure_ours(records: int, launcher=None, max_batch_records: int = MAX_BATCH_RECORDS) -> dict:
+    """The whole job, source included, on the cores this process runs on; its stretch and the oracle's verdict."""
+    job = count_job(records, max_batch_records)
     with RedisServer() as server:
         r = redis.Redis.from_url(server.url)
-        spark = worker_spark.session("local[1]", "2g")
-        ours = measure_ours(r, _count_job(records))
-    peer = measure_peer(spark, rows_per_batch=200_000, batches=8 if quick else 24, vocabulary=VOCABULARY)
-    result = {"cores": 1, "records": records, **ours, **peer}
-    result["ratio"] = result["ours_records_per_s"] / result["peer_records_per_s"]
+        consumed: str | None = None  # the key, once the plan exists
+
+        def progress() -> int:
+            return sum(int(v) for v in r.hvals(consumed)) if consumed else 0
+
+        def prepare(_r, plan) -> None:
+            nonlocal consumed
+            consumed = plan.keys.consumed(SOURCE, STAGE)
+
+        with CpuClock(progress) as clock:
+            report = run_job(job, redis_url=server.url, console=Console(quiet=True), prepare=prepare,
+                             launcher=launcher)
+    stretch = clock.progress_stretch(records)
+    verification = report.get("verification") or {}
+    return {**stretch.as_dict(), "cpu_by_process": clock.profile(stretch.start, stretch.end),
+            "correct": verification.get("correct"), "lost": verification.get("lost"),
+            "duplicated": verification.get("duplicated"), "restarts": report["restarts"]}
+
+
+def measure_sss(cores: int, batches: int) -> dict:
+    # A process of its own, started while pinned: its JVM is configured by the peer alone, on the same cores.
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool, CpuClock() as clock:
+        peer = pool.submit(_sss, cores, batches).result()
+    stretch = clock.stretch(peer["start_s"], peer["end_s"], peer["records"])
+    return {**stretch.as_dict(), "cpu_by_process": clock.profile(stretch.start, stretch.end)}
+
+
+def _sss(cores: int, batches: int) -> dict:
+    spark = sss_peer.session(cores)
+    try:
+        return sss_peer.measure_peer(spark, rows_per_batch=200_000, batches=batches, vocabulary=VOCABULARY)
+    finally:
+        spark.stop()
+
+
+def _flink(records: int, cores: int) -> dict:
+    from . import flink_peer
+
+    measured = flink_peer.measure_throughput(records, VOCABULARY, cores)
+    return {"records_per_s": measured["flink_records_per_s"], "cpu_s_per_million": measured["flink_cpu_s_per_million"],
+            "records": measured["flink_measured_records"], "seconds": measured["flink_measured_s"],
+            "cpu_by_process": measured["flink_cpu_by_process"]}
+
+
+def _summary(runs: list[dict]) -> dict:
+    return {key: spread([run[key] for run in runs]) for key in ("records_per_s", "cpu_s_per_million")} | {
+        "runs": runs}
+
+
+def _ratios(ours: dict, peer: dict) -> dict:
+    """ours over the peer in rate, the peer over ours in CPU per record: >= 1 when ours is better."""
+    return {"rate": ours["records_per_s"]["median"] / peer["records_per_s"]["median"],
+            "cpu": peer["cpu_s_per_million"]["median"] / ours["cpu_s_per_million"]["median"]}
+
+
+def at_cores(cores: int, runs: int, quick: bool, with_flink: bool) -> dict:
+    records = 3_000_000 if quick else 10_000_000
+    flink_records = 10_000_000 if quick else 30_000_000  # it is faster: as many seconds of stretch as ours
+    systems: dict[str, list[dict]] = {"ours": [], "flink": [], "sss": []}
+    with pinned(cores) as chosen:
+        for _ in range(runs):  # interleaved: a drift of the machine over the runs touches every system alike
+            systems["ours"].append(measure_ours(records))
+            if with_flink:
+                systems["flink"].append(_flink(flink_records, cores))
+            systems["sss"].append(measure_sss(cores, batches=8 if quick else 24))
+    result = {"cpus": sorted(chosen), "records": records, "flink_records": flink_records}
+    for name, measured in systems.items():
+        if measured:
+            result[name] = _summary(measured)
+    result["sss_ratio"] = _ratios(result["ours"], result["sss"])
+    if with_flink:
+        result["flink_ratio"] = _ratios(result["ours"], result["flink"])
+    result["exact"] = all(run["correct"] is True for run in systems["ours"])
+    return result
+
+
+def run(quick: bool, runs: int = 3, cores: tuple[int, ...] = (1, 2)) -> dict:
     from .latency import FLINK_MISSING, flink_peer
 
-    flink = flink_peer()
-    if flink is None:
+    with_flink = flink_peer() is not None
+    result: dict = {"sources": "included on every side", "runs": runs, "vocabulary": VOCABULARY,
+                    "batch_max_records": MAX_BATCH_RECORDS}
+    if not with_flink:
         result["flink"] = FLINK_MISSING
-    else:
-        result.update(flink.measure_throughput(5_000_000 if quick else 20_000_000, VOCABULARY, cores=1))
-        result["flink_ratio"] = result["ours_records_per_s"] / result["flink_records_per_s"]
+    result["by_cores"] = {str(n): at_cores(n, runs, quick, with_flink) for n in cores}
     return result

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from queue import Empty, Queue
 
+from ..cpus import first_cores
 from .sql import FlinkJob, PacedSource
 
 INSTALL_HINT = "pip install 'streamjobs[bench]'"
@@ -73,10 +74,8 @@ def _java() -> str:
 @contextlib.contextmanager
 def _pinned(cores: int) -> Iterator[None]:
     """This thread, and so every process it starts (and all their threads), on the first `cores` allowed cores."""
-    allowed = sorted(os.sched_getaffinity(0))
-    if not 1 <= cores <= len(allowed):
-        raise ValueError(f"cores must be in [1, {len(allowed)}] (the cores this process may use), got {cores}")
-    os.sched_setaffinity(0, allowed[:cores])
+    allowed = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, first_cores(cores))
     try:
         yield
     finally:

@@ -123,6 +123,8 @@ def throughput_job(records: int, vocabulary: int) -> FlinkJob:
 class SteadyRate:
     records: int
     seconds: float
+    start_ms: int  # the wall time (ms since the epoch) the measured stretch begins and ends at
+    end_ms: int
 
     @property
     def records_per_s(self) -> float:
@@ -146,7 +148,8 @@ def steady_rate(firings: Iterable[tuple[int, int]], records: int, skip_fraction:
                          f"give more than {records} records")
     (first_end, first_fired), (last_end, last_fired) = kept[0], kept[-1]
     measured = (last_end - first_end) * THROUGHPUT_ROWS_PER_EVENT_S // 1000
-    return SteadyRate(records=measured, seconds=(last_fired - first_fired) / 1000)
+    return SteadyRate(records=measured, seconds=(last_fired - first_fired) / 1000, start_ms=first_fired,
+                      end_ms=last_fired)
 
 
 # --- latency: NEXMark Q5 --------------------------------------------------------
