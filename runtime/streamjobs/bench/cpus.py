@@ -84,6 +84,8 @@ def role(pid: int) -> str | None:
         return f"worker {args[args.index('--operator') + 1]}"
     if pid == os.getpid():
         return "this process"
+    if any("multiprocessing" in arg for arg in args):
+        return "a process this one spawned"  # a peer's driver, or a run of ours with its oracle
     name = Path(args[0]).name.split()[0]
     if name == "java":
         parent = role(int(fields[1]))

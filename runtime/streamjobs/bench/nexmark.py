@@ -28,7 +28,9 @@ text, NOTES says how; a query Flink refuses is reported with Flink's reason.
 from __future__ import annotations
 
 import csv
+import multiprocessing
 import tempfile
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +39,7 @@ import pyarrow.csv as pacsv
 import redis
 from rich.console import Console
 from streamjobs_core import generators
+from streamjobs_core.layout import JobKeys
 from streamjobs_core.loading import load_document, parse_job
 from streamjobs_core.spec import StreamJob
 
@@ -90,37 +93,41 @@ def bench_job(query: str, records: int) -> StreamJob:
 
 
 def measure_ours(query: str, records: int, launcher=None) -> tuple[dict, int]:
-    """Our run of the query; its measurements and the event-time origin it ran with."""
+    """Our run of the query; its measurements and the event-time origin it ran with. The run (its runtime and
+    its oracle) goes in a process of its own, started while pinned, unless `launcher` says how workers start
+    in this one: one oracle JVM verifying run after run in one process would carry each run's heap into the next."""
     job = bench_job(query, records)
-    source = job.spec.sources[0].name
+    offsets = JobKeys(job.metadata.name).offsets(job.spec.sources[0].name)
     with RedisServer() as server:
         r = redis.Redis.from_url(server.url)
-        offsets: str | None = None
-        t0: list[int] = []
 
         def progress() -> int:
-            if offsets is None:
-                return 0
             # A generator's cursor per partition (`p<partition>`) is its next index there: what it emitted.
             return sum(int(v) for k, v in r.hgetall(offsets).items() if k.startswith(b"p"))
 
-        def prepare(_r, plan) -> None:
-            nonlocal offsets
-            offsets = plan.keys.offsets(source)
-
-        def during(runtime, _elapsed) -> None:
-            if not t0:
-                t0.append(runtime.plan.t0_ms)
-
         with CpuClock(progress) as clock:
-            report = run_job(job, redis_url=server.url, console=Console(quiet=True), prepare=prepare, during=during,
-                             launcher=launcher)
+            if launcher is not None:
+                outcome = _run(job, server.url, launcher)
+            else:
+                with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+                    outcome = pool.submit(_run, job, server.url).result()
     stretch = clock.progress_stretch(records)
+    return {**stretch.as_dict(), "cpu_by_process": clock.profile(stretch.start, stretch.end), **outcome["verdict"]}, \
+        outcome["t0_ms"]
+
+
+def _run(job: StreamJob, redis_url: str, launcher=None) -> dict:
+    t0: list[int] = []
+
+    def during(runtime, _elapsed) -> None:
+        if not t0:
+            t0.append(runtime.plan.t0_ms)
+
+    report = run_job(job, redis_url=redis_url, console=Console(quiet=True), during=during, launcher=launcher)
     verification = report.get("verification") or {}
-    measured = {**stretch.as_dict(), "cpu_by_process": clock.profile(stretch.start, stretch.end),
-                "correct": verification.get("correct"), "lost": verification.get("lost"),
-                "duplicated": verification.get("duplicated"), "dead_letters": report["dead_letters"]}
-    return measured, t0[0]
+    verdict = {key: verification.get(key) for key in ("correct", "lost", "duplicated")}
+    return {"t0_ms": t0[0], "verdict": {**verdict, "verification": verification.get("reason"),
+                                        "dead_letters": report["dead_letters"]}}
 
 
 def write_events(job: StreamJob, t0_ms: int, path: Path) -> None:
@@ -152,10 +159,13 @@ def measure_flink(query: str, job: StreamJob, t0_ms: int, cores: int) -> dict:
             write_campaigns(job, campaigns)
         flink_job = nexmark_sql.query_job(query, str(events), spec.out_of_order_ms, spec.total_records,
                                           campaigns_csv=str(campaigns))
-        try:
-            return flink_peer.measure_query(flink_job, spec.total_records, cores)
-        except RuntimeError as exc:  # a query Flink refuses: its reason is the result
-            return {"error": str(exc).splitlines()[0]}
+        # A process of its own: PySpark (our oracle, in this one) replaces Py4J's error handling with one that
+        # asks Spark's JVM about Flink's exceptions. Started while pinned, it runs on the same cores.
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            try:
+                return pool.submit(flink_peer.measure_query, flink_job, spec.total_records, cores).result()
+            except Exception as exc:  # noqa: BLE001 - a query Flink refuses or fails: its reason is the result
+                return {"error": (str(exc).splitlines() or [type(exc).__name__])[0]}
 
 
 def _summary(runs: list[dict]) -> dict:

@@ -77,7 +77,7 @@ def measure_ours(records: int, launcher=None, max_batch_records: int = MAX_BATCH
     verification = report.get("verification") or {}
     return {**stretch.as_dict(), "cpu_by_process": clock.profile(stretch.start, stretch.end),
             "correct": verification.get("correct"), "lost": verification.get("lost"),
-            "duplicated": verification.get("duplicated"), "restarts": report["restarts"]}
+            "duplicated": verification.get("duplicated"), "verification": verification.get("reason"), "restarts": report["restarts"]}
 
 
 def measure_sss(cores: int, batches: int) -> dict:

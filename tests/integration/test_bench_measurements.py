@@ -1,4 +1,4 @@
-"""The throughput benchmark's measurements, on small inputs (rates are not asserted: that is the benchmark's job)."""
+"""The throughput and nexmark benchmarks' measurements, on small inputs (rates are not asserted: that is the benchmarks' job)."""
 
 from __future__ import annotations
 
@@ -19,3 +19,13 @@ def test_the_peer_is_timed_by_wall_clock_from_its_third_batch(spark):
     assert result["records"] >= 5_000
     assert result["end_s"] > result["start_s"] and result["seconds"] == result["end_s"] - result["start_s"]
     assert result["records_per_s"] == result["records"] / result["seconds"]
+
+
+def test_a_nexmark_query_is_our_example_run_whole_timed_on_its_source_and_exact(spark):
+    from streamjobs.bench import nexmark
+    from streamjobs.launchers import ThreadLauncher
+
+    result, t0_ms = nexmark.measure_ours("q2", 40_000, launcher=ThreadLauncher())
+    assert 0 < result["records"] <= 30_000 and result["records_per_s"] > 0 and result["cpu_s_per_million"] > 0
+    assert result["correct"] is True and result["lost"] == 0 and result["duplicated"] == 0
+    assert t0_ms > 1_700_000_000_000  # the origin Flink's copy of the events is generated for
