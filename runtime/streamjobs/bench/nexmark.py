@@ -39,7 +39,7 @@ import pyarrow.csv as pacsv
 import redis
 from rich.console import Console
 from streamjobs_core import generators
-from streamjobs_core.layout import JobKeys
+from streamjobs_core.jobstore import RedisJobStore
 from streamjobs_core.loading import load_document, parse_job
 from streamjobs_core.spec import StreamJob
 
@@ -97,13 +97,13 @@ def measure_ours(query: str, records: int, launcher=None) -> tuple[dict, int]:
     its oracle) goes in a process of its own, started while pinned, unless `launcher` says how workers start
     in this one: one oracle JVM verifying run after run in one process would carry each run's heap into the next."""
     job = bench_job(query, records)
-    offsets = JobKeys(job.metadata.name).offsets(job.spec.sources[0].name)
+    source, partitions = job.spec.sources[0].name, range(job.spec.max_parallelism)  # a partition per key group
     with RedisServer() as server:
-        r = redis.Redis.from_url(server.url)
+        jobs = RedisJobStore(redis.Redis.from_url(server.url), job.metadata.name)
 
         def progress() -> int:
-            # A generator's cursor per partition (`p<partition>`) is its next index there: what it emitted.
-            return sum(int(v) for k, v in r.hgetall(offsets).items() if k.startswith(b"p"))
+            # A generator's committed cursor in a partition is its next index there: what it emitted.
+            return sum(int(done.cursor) for done, _ in jobs.partitions(source, partitions).values() if done)
 
         with CpuClock(progress) as clock:
             if launcher is not None:
