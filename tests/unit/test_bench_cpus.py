@@ -97,6 +97,20 @@ def test_spread_is_the_median_and_range_of_the_runs():
     assert cpus.spread([4.0, 1.0])["median"] == 2.5
 
 
+def test_a_summary_gives_each_measure_over_the_runs_and_ratios_say_better_as_more_than_one():
+    ours = cpus.summary([{"records_per_s": 300.0, "cpu_s_per_million": 2.0}, {"records_per_s": 100.0,
+                                                                            "cpu_s_per_million": 4.0}])
+    peer = cpus.summary([{"records_per_s": 400.0, "cpu_s_per_million": 1.5}])
+    assert ours["records_per_s"]["median"] == 200.0 and len(ours["runs"]) == 2
+    assert cpus.ratios(ours, peer) == {"rate": 0.5, "cpu": 0.5}  # half as fast, twice the CPU per record
+    assert cpus.summary([{"records_per_s": 1.0, "cpu_s_per_million": 1.0}, {"error": "refused"}]) == {
+        "error": "refused"}
+
+
+def test_apart_runs_a_call_in_a_process_of_its_own():
+    assert cpus.apart(os.getpid) != os.getpid()
+
+
 def test_a_profile_says_which_process_used_the_cpu_of_a_stretch():
     burn = "import time\nend = time.process_time() + 0.3\nwhile time.process_time() < end: pass\ntime.sleep(30)\n"
     with cpus.CpuClock(interval_s=0.01, family_every_s=0.01) as clock:

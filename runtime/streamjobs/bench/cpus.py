@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import multiprocessing
 import os
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -240,3 +242,26 @@ def spread(values: list[float]) -> dict:
     middle = len(ordered) // 2
     median = ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
     return {"median": median, "min": ordered[0], "max": ordered[-1], "runs": values}
+
+
+MEASURES = ("records_per_s", "cpu_s_per_million")
+
+
+def summary(runs: list[dict]) -> dict:
+    """Median and range of each measure over the runs; a run's error, when one failed, is the summary."""
+    if any("error" in run for run in runs):
+        return {"error": next(run["error"] for run in runs if "error" in run)}
+    return {key: spread([run[key] for run in runs]) for key in MEASURES} | {"runs": runs}
+
+
+def ratios(ours: dict, peer: dict) -> dict:
+    """Ours over the peer in rate, the peer over ours in CPU per record (summaries): >= 1 when ours is better."""
+    return {"rate": ours["records_per_s"]["median"] / peer["records_per_s"]["median"],
+            "cpu": peer["cpu_s_per_million"]["median"] / ours["cpu_s_per_million"]["median"]}
+
+
+def apart(function: Callable, *args):
+    """`function(*args)` in a spawned process of its own, which inherits this one's cores: a JVM it starts, and
+    the error handling PySpark installs in Py4J, stay out of this process and go with the call."""
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(function, *args).result()

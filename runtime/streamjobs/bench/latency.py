@@ -16,15 +16,13 @@ compilation and JIT warm-up, which the steady state does not.
 
 from __future__ import annotations
 
-import multiprocessing
-from concurrent.futures import ProcessPoolExecutor
-
 import numpy as np
 from streamjobs_core.loading import parse_job
 from streamjobs_core.spec import StreamJob
 
 from ..live import percentiles
 from . import sss_peer
+from .cpus import apart
 from .flink.session import INSTALL_HINT
 
 LIGHT_LOAD_RECORDS_PER_S = 2000
@@ -118,10 +116,8 @@ def flink_peer():
 
 
 def measure_peer(shape: sss_peer.Q5Shape, rates: list[float], duration_s: float, warm_up_s: float) -> list[dict]:
-    # spawn: a fresh interpreter, hence a fresh JVM with the peer's own options (our oracle has
-    # already started one in this process, with the workers' settings).
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return pool.submit(sss_peer.measure_latencies, shape, rates, duration_s, CORES, warm_up_s).result()
+    # A fresh JVM with the peer's own options (our oracle has already started one in this process).
+    return apart(sss_peer.measure_latencies, shape, rates, duration_s, CORES, warm_up_s)
 
 
 def run(quick: bool) -> dict:

@@ -28,24 +28,18 @@ text, NOTES says how; a query Flink refuses is reported with Flink's reason.
 from __future__ import annotations
 
 import csv
-import multiprocessing
 import tempfile
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
-import redis
-from rich.console import Console
 from streamjobs_core import generators
-from streamjobs_core.jobstore import RedisJobStore
 from streamjobs_core.loading import load_document, parse_job
 from streamjobs_core.spec import StreamJob
 
-from ..redis_server import RedisServer
-from ..run import run_job
-from .cpus import CpuClock, pinned, spread
+from . import ours
+from .cpus import apart, pinned, ratios, summary
 
 ROOT = Path(__file__).resolve().parents[3]
 QUERIES = ("q1", "q2", "q3", "q4", "q5", "q6", "q7", "q8", "ysb")
@@ -92,42 +86,16 @@ def bench_job(query: str, records: int) -> StreamJob:
     return parse_job(doc)
 
 
-def measure_ours(query: str, records: int, launcher=None) -> tuple[dict, int]:
-    """Our run of the query; its measurements and the event-time origin it ran with. The run (its runtime and
-    its oracle) goes in a process of its own, started while pinned, unless `launcher` says how workers start
-    in this one: one oracle JVM verifying run after run in one process would carry each run's heap into the next."""
+def measure_ours(query: str, records: int, launcher=None) -> dict:
+    """Our run of the query, timed by its source's commits; with the event-time origin it ran with (`t0_ms`)."""
     job = bench_job(query, records)
     source, partitions = job.spec.sources[0].name, range(job.spec.max_parallelism)  # a partition per key group
-    with RedisServer() as server:
-        jobs = RedisJobStore(redis.Redis.from_url(server.url), job.metadata.name)
 
-        def progress() -> int:
-            # A generator's committed cursor in a partition is its next index there: what it emitted.
-            return sum(int(done.cursor) for done, _ in jobs.partitions(source, partitions).values() if done)
+    def emitted(jobs) -> int:
+        # A generator's committed cursor in a partition is its next index there: what it emitted.
+        return sum(int(done.cursor) for done, _ in jobs.partitions(source, partitions).values() if done)
 
-        with CpuClock(progress) as clock:
-            if launcher is not None:
-                outcome = _run(job, server.url, launcher)
-            else:
-                with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-                    outcome = pool.submit(_run, job, server.url).result()
-    stretch = clock.progress_stretch(records)
-    return {**stretch.as_dict(), "cpu_by_process": clock.profile(stretch.start, stretch.end), **outcome["verdict"]}, \
-        outcome["t0_ms"]
-
-
-def _run(job: StreamJob, redis_url: str, launcher=None) -> dict:
-    t0: list[int] = []
-
-    def during(runtime, _elapsed) -> None:
-        if not t0:
-            t0.append(runtime.plan.t0_ms)
-
-    report = run_job(job, redis_url=redis_url, console=Console(quiet=True), during=during, launcher=launcher)
-    verification = report.get("verification") or {}
-    verdict = {key: verification.get(key) for key in ("correct", "lost", "duplicated")}
-    return {"t0_ms": t0[0], "verdict": {**verdict, "verification": verification.get("reason"),
-                                        "dead_letters": report["dead_letters"]}}
+    return ours.measure(job, records, emitted, launcher)
 
 
 def write_events(job: StreamJob, t0_ms: int, path: Path) -> None:
@@ -159,41 +127,28 @@ def measure_flink(query: str, job: StreamJob, t0_ms: int, cores: int) -> dict:
             write_campaigns(job, campaigns)
         flink_job = nexmark_sql.query_job(query, str(events), spec.out_of_order_ms, spec.total_records,
                                           campaigns_csv=str(campaigns))
-        # A process of its own: PySpark (our oracle, in this one) replaces Py4J's error handling with one that
-        # asks Spark's JVM about Flink's exceptions. Started while pinned, it runs on the same cores.
-        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-            try:
-                return pool.submit(flink_peer.measure_query, flink_job, spec.total_records, cores).result()
-            except Exception as exc:  # noqa: BLE001 - a query Flink refuses or fails: its reason is the result
-                return {"error": (str(exc).splitlines() or [type(exc).__name__])[0]}
-
-
-def _summary(runs: list[dict]) -> dict:
-    if any("error" in run for run in runs):
-        return {"error": next(run["error"] for run in runs if "error" in run)}
-    return {key: spread([run[key] for run in runs]) for key in ("records_per_s", "cpu_s_per_million")} | {
-        "runs": runs}
+        try:  # apart: PySpark's Py4J error handling would ask Spark's JVM about Flink's exceptions
+            return apart(flink_peer.measure_query, flink_job, spec.total_records, cores)
+        except Exception as exc:  # noqa: BLE001 - a query Flink refuses or fails: its reason is the result
+            return {"error": (str(exc).splitlines() or [type(exc).__name__])[0]}
 
 
 def at_cores(cores: int, queries: tuple[str, ...], records: int, runs: int, with_flink: bool) -> dict:
     out: dict[str, dict] = {}
     with pinned(cores) as chosen:
         for query in queries:
+            job = bench_job(query, records)
             ours_runs, flink_runs = [], []
             for _ in range(runs):
-                ours, t0 = measure_ours(query, records)
-                ours_runs.append(ours)
+                ours_runs.append(measure_ours(query, records))
                 if with_flink:
-                    flink_runs.append(measure_flink(query, bench_job(query, records), t0, cores))
-            row = {"ours": _summary(ours_runs), "exact": all(run["correct"] is True for run in ours_runs),
+                    flink_runs.append(measure_flink(query, job, ours_runs[-1]["t0_ms"], cores))
+            row = {"ours": summary(ours_runs), "exact": all(run["correct"] is True for run in ours_runs),
                    "semantics": NOTES[query]}
             if with_flink:
-                row["flink"] = _summary(flink_runs)
+                row["flink"] = summary(flink_runs)
                 if "error" not in row["flink"]:
-                    row["ratio"] = {
-                        "rate": row["ours"]["records_per_s"]["median"] / row["flink"]["records_per_s"]["median"],
-                        "cpu": row["flink"]["cpu_s_per_million"]["median"] / row["ours"]["cpu_s_per_million"]["median"],
-                    }
+                    row["ratio"] = ratios(row["ours"], row["flink"])
             out[query] = row
     return {"cpus": sorted(chosen), "queries": out}
 

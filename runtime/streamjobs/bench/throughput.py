@@ -24,18 +24,11 @@ Flink and Spark take a sequence modulo the vocabulary); each is part of its syst
 
 from __future__ import annotations
 
-import multiprocessing
-from concurrent.futures import ProcessPoolExecutor
-
-import redis
-from rich.console import Console
 from streamjobs_core.loading import parse_job
 from streamjobs_core.spec import StreamJob
 
-from ..redis_server import RedisServer
-from ..run import run_job
-from . import sss_peer
-from .cpus import CpuClock, pinned, spread
+from . import ours, sss_peer
+from .cpus import CpuClock, apart, pinned, ratios, summary
 
 VOCABULARY = 1000
 SOURCE, STAGE = "words", "count"
@@ -57,33 +50,17 @@ def count_job(records: int, max_batch_records: int = MAX_BATCH_RECORDS) -> Strea
 
 
 def measure_ours(records: int, launcher=None, max_batch_records: int = MAX_BATCH_RECORDS) -> dict:
-    """The whole job, source included, on the cores this process runs on; its stretch and the oracle's verdict."""
+    """The whole job, source included, timed by the records its count stage consumed; checked by the oracle."""
     job = count_job(records, max_batch_records)
-    with RedisServer() as server:
-        r = redis.Redis.from_url(server.url)
-        consumed: str | None = None  # the key, once the plan exists
-
-        def progress() -> int:
-            return sum(int(v) for v in r.hvals(consumed)) if consumed else 0
-
-        def prepare(_r, plan) -> None:
-            nonlocal consumed
-            consumed = plan.keys.consumed(SOURCE, STAGE)
-
-        with CpuClock(progress) as clock:
-            report = run_job(job, redis_url=server.url, console=Console(quiet=True), prepare=prepare,
-                             launcher=launcher)
-    stretch = clock.progress_stretch(records)
-    verification = report.get("verification") or {}
-    return {**stretch.as_dict(), "cpu_by_process": clock.profile(stretch.start, stretch.end),
-            "correct": verification.get("correct"), "lost": verification.get("lost"),
-            "duplicated": verification.get("duplicated"), "verification": verification.get("reason"), "restarts": report["restarts"]}
+    key_groups = range(job.spec.max_parallelism)
+    return ours.measure(job, records, lambda jobs: sum(jobs.consumed([SOURCE], STAGE, key_groups).values()),
+                        launcher)
 
 
 def measure_sss(cores: int, batches: int) -> dict:
     # A process of its own, started while pinned: its JVM is configured by the peer alone, on the same cores.
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool, CpuClock() as clock:
-        peer = pool.submit(_sss, cores, batches).result()
+    with CpuClock() as clock:
+        peer = apart(_sss, cores, batches)
     stretch = clock.stretch(peer["start_s"], peer["end_s"], peer["records"])
     return {**stretch.as_dict(), "cpu_by_process": clock.profile(stretch.start, stretch.end)}
 
@@ -105,17 +82,6 @@ def _flink(records: int, cores: int) -> dict:
             "cpu_by_process": measured["flink_cpu_by_process"]}
 
 
-def _summary(runs: list[dict]) -> dict:
-    return {key: spread([run[key] for run in runs]) for key in ("records_per_s", "cpu_s_per_million")} | {
-        "runs": runs}
-
-
-def _ratios(ours: dict, peer: dict) -> dict:
-    """ours over the peer in rate, the peer over ours in CPU per record: >= 1 when ours is better."""
-    return {"rate": ours["records_per_s"]["median"] / peer["records_per_s"]["median"],
-            "cpu": peer["cpu_s_per_million"]["median"] / ours["cpu_s_per_million"]["median"]}
-
-
 def at_cores(cores: int, runs: int, quick: bool, with_flink: bool) -> dict:
     records = 3_000_000 if quick else 10_000_000
     flink_records = 10_000_000 if quick else 30_000_000  # it is faster: as many seconds of stretch as ours
@@ -129,10 +95,10 @@ def at_cores(cores: int, runs: int, quick: bool, with_flink: bool) -> dict:
     result = {"cpus": sorted(chosen), "records": records, "flink_records": flink_records}
     for name, measured in systems.items():
         if measured:
-            result[name] = _summary(measured)
-    result["sss_ratio"] = _ratios(result["ours"], result["sss"])
+            result[name] = summary(measured)
+    result["sss_ratio"] = ratios(result["ours"], result["sss"])
     if with_flink:
-        result["flink_ratio"] = _ratios(result["ours"], result["flink"])
+        result["flink_ratio"] = ratios(result["ours"], result["flink"])
     result["exact"] = all(run["correct"] is True for run in systems["ours"])
     return result
 
