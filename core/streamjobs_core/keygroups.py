@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 
 
 def key_groups_of(keys: pa.Array | pa.ChunkedArray | np.ndarray, max_parallelism: int) -> np.ndarray:
@@ -26,14 +27,48 @@ def key_groups_of(keys: pa.Array | pa.ChunkedArray | np.ndarray, max_parallelism
             groups = key_groups_of(keys.fill_null(False if pa.types.is_boolean(keys.type) else 0), max_parallelism)
             groups[keys.is_null().to_numpy(zero_copy_only=False)] = _null_key_group(max_parallelism)
             return groups
+        if _is_text(keys.type):
+            return _text_key_groups(keys, max_parallelism)
         keys = keys.to_numpy(zero_copy_only=False)
-    keys = np.asarray(keys)
+    return _object_key_groups(np.asarray(keys), max_parallelism)
+
+
+def _object_key_groups(keys: np.ndarray, max_parallelism: int) -> np.ndarray:
     if keys.dtype.kind == "U":  # pandas hashes str objects, not fixed-width numpy strings
         keys = keys.astype(object)
     elif keys.dtype.kind in "iu" and keys.dtype.itemsize < 8:
         keys = keys.astype(np.int64)  # pandas hashes the bits: int32 -1 would not hash like int64 -1
     hashes = pd.util.hash_array(keys, categorize=False)
     return (hashes % np.uint64(max_parallelism)).astype(np.int64)
+
+
+_SAMPLE = 4096  # rows of a string chunk looked at to tell whether its keys repeat
+
+
+def _is_text(kind: pa.DataType) -> bool:
+    return pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(kind) \
+        or pa.types.is_large_binary(kind)
+
+
+def _text_key_groups(keys: pa.Array | pa.ChunkedArray, max_parallelism: int) -> np.ndarray:
+    """Strings hash as Python objects, at a cost per value. Where keys repeat (words, campaigns), each
+    distinct value of a chunk is hashed once and its group spread to every row that holds it; where a
+    sample of the chunk says they mostly do not, encoding them first would only add to the cost."""
+    chunks = keys.chunks if isinstance(keys, pa.ChunkedArray) else [keys]
+    parts = []
+    for chunk in chunks:
+        sample = chunk.slice(0, _SAMPLE)
+        if len(sample) and pc.count_distinct(sample, mode="all").as_py() > len(sample) // 2:
+            parts.append(_object_key_groups(chunk.to_numpy(zero_copy_only=False), max_parallelism))
+            continue
+        encoded = pc.dictionary_encode(chunk)
+        distinct = _object_key_groups(encoded.dictionary.to_numpy(zero_copy_only=False), max_parallelism)
+        indices = encoded.indices
+        if indices.null_count:  # a null key: one more distinct value, after the others
+            distinct = np.append(distinct, _null_key_group(max_parallelism))
+            indices = indices.fill_null(len(distinct) - 1)
+        parts.append(distinct[indices.to_numpy()])
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
 
 def key_groups_of_columns(table: pa.Table, columns: tuple[str, ...], max_parallelism: int) -> np.ndarray:

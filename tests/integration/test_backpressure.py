@@ -51,6 +51,46 @@ def test_source_stops_producing_over_the_lag_bound(r):
     assert paused > 1.0
 
 
+def test_a_stage_runs_what_it_holds_at_once_when_its_producer_waits_for_it(r, spark):
+    # Hour-long windows and minIntervalMs of a minute: by pacing alone the stage would wait a minute for a
+    # fuller batch, while its source, over the lag bound, waits for it to consume: both idle.
+    bound = 5_000
+    job = parse_job({
+        "metadata": {"name": "held"},
+        "spec": {
+            "sources": [{"name": "words", "type": "zipf", "rate": {"recordsPerSecond": 1e9}}],  # always behind
+            "stages": [{"name": "count", "type": "window_aggregate", "inputs": ["words"], "keyBy": "word",
+                        "window": {"sizeMs": 3_600_000}, "aggregations": [{"function": "count", "as": "n"}]}],
+            "sinks": [{"name": "out", "type": "redis_stream", "inputs": ["count"]}],
+            "batching": {"maxLagRecords": bound, "minIntervalMs": 60_000},
+        },
+    })
+    plan = JobPlan(job, int(time.time() * 1000))
+    RedisJobStore(r, plan.name).deploy(plan)
+    source, stage = Worker(r, plan, "words", 0), Worker(r, plan, "count", 0)
+    source.restore()
+    stage.restore()
+
+    def produced() -> int:
+        return sum(int(v) for v in r.hvals(plan.keys.produced("words", "count")))
+
+    def consumed() -> int:
+        return sum(int(v) for v in r.hvals(plan.keys.consumed("words", "count")))
+
+    deadline = time.monotonic() + 20
+    while True:  # side by side, as their processes run
+        assert time.monotonic() < deadline, "the source never reached the lag bound"
+        source.step()
+        if produced() - consumed() > bound:
+            break
+        stage.step()
+    held = produced()  # the source now pauses until the stage commits
+    started = time.monotonic()
+    while consumed() < held and time.monotonic() - started < 10:
+        stage.step()
+    assert consumed() == held, f"the stage consumed {consumed()} of the {held} records its source waits on"
+
+
 # --- input at 4x a slow stage's capacity ---------------------------------------------------------
 
 COST_US = 1_000  # the stage sleeps 1 ms per record: at most 1,000 records/s, less Spark's cost per batch

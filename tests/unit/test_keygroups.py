@@ -307,3 +307,18 @@ def test_a_key_of_several_columns_routes_equal_tuples_alike_whatever_the_column_
     assert key_groups_of_columns(left, ("seller",), 128).tolist() == key_groups_of(left.column("seller"), 128).tolist()
     swapped = key_groups_of_columns(left, ("region", "seller"), 1 << 20)
     assert swapped.tolist() != key_groups_of_columns(left, ("seller", "region"), 1 << 20).tolist()
+
+
+def test_string_keys_that_repeat_or_not_and_nulls_hash_as_each_key_alone() -> None:
+    # Repeating keys are hashed once per distinct value, mostly distinct ones one by one: same groups either way.
+    repeating = [WORDS[i % 7] if i % 11 else None for i in range(10_000)]
+    distinct = [f"id-{i}" if i % 13 else None for i in range(10_000)]
+    for keys in (repeating, distinct, [None, None], []):
+        expected = key_groups_of(np.array(keys, dtype=object), 128).tolist()
+        assert key_groups_of(pa.array(keys, pa.string()), 128).tolist() == expected
+        assert key_groups_of(pa.array(keys, pa.large_string()), 128).tolist() == expected
+        halves = pa.chunked_array([pa.array(keys[:len(keys) // 2], pa.string()), pa.array(keys[len(keys) // 2:], pa.string())])
+        assert key_groups_of(halves, 128).tolist() == expected
+    as_bytes = [k.encode() if k is not None else None for k in repeating]
+    assert key_groups_of(pa.array(as_bytes, pa.binary()), 128).tolist() == key_groups_of(
+        np.array(as_bytes, dtype=object), 128).tolist()

@@ -8,7 +8,9 @@ the next batch is larger and Spark's fixed cost is shared) when it would not:
   behind; a chain that runs Spark after its source also spends at most half of
   its time on per-batch fixed cost (below);
 - a backlog (a read that came back full), a handover to commit, undecodable
-  entries to dead-letter and the end of the input run at once;
+  entries to dead-letter and the end of the input run at once; so does a batch
+  whose input edge holds more than maxLagRecords unconsumed (the worker asks):
+  its producers are paused until it commits, and nothing more is coming;
 - a window stage runs when its watermark passes a window's end (plus allowed
   lateness) in any owned key group: records of windows not yet due produce
   nothing sooner for being aggregated sooner. After minIntervalMs they run

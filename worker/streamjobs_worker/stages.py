@@ -285,15 +285,19 @@ class WindowAggregate(_EventTimeStage):
             if table is None or not table.num_rows:
                 continue
             times = table.column("event_time").fill_null(MAX_WATERMARK).to_numpy()
-            kgs = key_groups_of(table.column(self.spec.key_by), self._max_parallelism)
             last = times - np.mod(times, step)
-            found = np.flatnonzero(last <= fired[kgs])
+            # Only a record whose last window fired in some key group may be late: only its key is hashed.
+            found = np.flatnonzero(last <= fired.max())
+            if found.size:
+                kgs = key_groups_of(table.column(self.spec.key_by).take(pa.array(found)), self._max_parallelism)
+                late_here = last[found] <= fired[kgs]
+                found, kg_of = found[late_here], dict(zip(found[late_here].tolist(), kgs[late_here].tolist()))
             if found.size:
                 kept = np.ones(table.num_rows, dtype=bool)
                 kept[found] = False
                 found = self._kept_by_where(table, found)
                 reasons = [f"late: its last window [{last[i]}, {last[i] + size}) had fired in key group "
-                           f"{kgs[i]} (watermark {self._fired_before(int(kgs[i]))}, allowedLatenessMs "
+                           f"{kg_of[i]} (watermark {self._fired_before(kg_of[i])}, allowedLatenessMs "
                            f"{self.spec.allowed_lateness_ms})" for i in found.tolist()]
                 if found.size:
                     late.append(LateRecords(upstream, table.take(pa.array(found)), reasons))

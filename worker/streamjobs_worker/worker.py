@@ -115,7 +115,8 @@ class Worker:
         jobs.register(InstanceAddress(op, instance, f"{advertise_host or metrics_host}:{port}"))
 
         self._entries_per_stream = 1
-        self._source_budget = max(plan.spec.batching.min_records, 1000)
+        batching = plan.spec.batching  # a source's first batches: 1,000 records, within [minRecords, maxRecords]
+        self._source_budget = min(batching.max_records, max(batching.min_records, 1000))
         self._pending: InputBatch | None = None  # read, not yet processed: its batch is not due yet
         self._pending_busy_s = 0.0
         self._done: set[str] = set()  # chained sinks that saw the end of their input
@@ -199,7 +200,7 @@ class Worker:
         releases = self._handovers()
         switch_to = self.input.aligned()
         due = isolated is not None or self.pacing.due(batch, bool(releases) or switch_to is not None,
-                                                      time.monotonic())
+                                                      time.monotonic()) or self._holds_back_producers(batch)
         if switch_to is None and self.input.holding:
             return  # holding back until every producer passed its reconfiguration barrier
         if not due:
@@ -420,6 +421,15 @@ class Worker:
             self._edge_lag = max(produced - consumed for produced, consumed in totals)
             self._written_since_check = 0
         return self._edge_lag > bound
+
+    def _holds_back_producers(self, batch: InputBatch) -> bool:
+        """Whether an input edge holds more unconsumed records than the lag bound. Its producers pause until a
+        consumer commits (_backpressured), so a batch waiting to fill up would only leave the pipeline idle."""
+        if self.is_source or not batch.records:
+            return False
+        bound = self.plan.spec.batching.max_lag_records
+        totals = edge_totals(self.r, self.plan.keys, self.plan.edges_in(self.chain.chain.head))
+        return any(produced - consumed > bound for produced, consumed in totals)
 
     def _adapt(self, batch: InputBatch, busy_s: float) -> None:
         batching = self.plan.spec.batching
