@@ -347,10 +347,16 @@ def _zipf_cdf(vocabulary: int, exponent: float) -> np.ndarray:
     return cdf
 
 
+@lru_cache(maxsize=8)
+def _zipf_words(vocabulary: int) -> pa.Array:
+    """Word of each rank ("w1" for rank 1, at index 1): made once, taken per record."""
+    return pc.binary_join_element_wise("w", pc.cast(pa.array(np.arange(vocabulary + 1)), pa.string()), "")
+
+
 def _zipf(spec: ZipfSource, t0_ms: int, g: np.ndarray) -> pa.Table:
     u = _uniform(spec.seed, _Salt.WORD, g)
     rank = np.searchsorted(_zipf_cdf(spec.vocabulary, spec.exponent), u, side="right") + 1
-    word = pc.binary_join_element_wise("w", pc.cast(pa.array(rank), pa.string()), "")
+    word = pc.take(_zipf_words(spec.vocabulary), pa.array(rank))
     return pa.Table.from_arrays([word, pa.array(event_times(spec, t0_ms, g))], schema=ZIPF_SCHEMA)
 
 

@@ -77,6 +77,24 @@ def test_incremental_windows_equal_brute_force(spark, window, backend, tmp_path)
     assert all(logic.store.table(kg) is None for kg in logic.store.key_groups), "fired windows leave no state"
 
 
+def test_only_the_columns_a_window_reads_go_to_spark_unless_its_filter_may_read_any(spark):
+    # An interval column: Spark refuses its Arrow type, so the stage works only if the column stays behind.
+    table = batch(["a", "b", "a"], [1, 2, 3], [10, 20, 30]).table("src")
+    extra = pa.array([(1, 2, 3)] * 3, pa.month_day_nano_interval())
+    with_extra = InputBatch(tables={"src": [table.append_column("span", extra)]}, records=3)
+    logic = WindowAggregate(stage({"type": "tumbling", "sizeMs": 1000}), KeyGroupStore(range(MAX_P)), MAX_P)
+    logic.process(with_extra, 0)
+    out, _ = logic.process(InputBatch(), MAX_WATERMARK)
+    assert rows(out) == {("a", 0): (2, 4, 2.0, 1, 3), ("b", 0): (1, 2, 2.0, 2, 2)}
+    filtered = WindowAggregate(stage({"type": "tumbling", "sizeMs": 1000}, where="note = 'y'"), KeyGroupStore(range(MAX_P)),
+                               MAX_P)
+    other = pa.table({"k": ["a", "b"], "v": pa.array([1, 2], pa.int64()), "event_time": pa.array([10, 20], pa.int64()),
+                      "note": ["x", "y"]})
+    filtered.process(InputBatch(tables={"src": [other]}, records=2), 0)
+    out, _ = filtered.process(InputBatch(), MAX_WATERMARK)
+    assert rows(out) == {("b", 0): (1, 2, 2.0, 2, 2)}
+
+
 def test_late_records_are_dropped_and_counted_lateness_delays_firing(spark):
     logic = WindowAggregate(stage({"type": "tumbling", "sizeMs": 1000}, lateness=500), KeyGroupStore(range(MAX_P)), MAX_P)
     out, wm = logic.process(batch(["a", "a"], [1, 2], [100, 900]), 1200)

@@ -66,12 +66,20 @@ class _SparkStage:
         one costs a round trip and an analysis in the JVM: a stage registers only those it reads."""
         return set()
 
+    def _columns(self) -> set[str] | None:
+        """The input columns the stage's query reads, where the stage knows them (None: every column). Each
+        column sent costs the JVM a conversion per record: the largest part of a simple stage's work."""
+        return None
+
     def _register_inputs(self, batch) -> Any:
         """Register the views the stage reads (each input, and their union as `input`); return the union."""
         views = self._read_views
+        columns = self._columns()
         union = None
         for upstream in self.spec.inputs:
             table = batch.table(upstream)
+            if table is not None and columns is not None:
+                table = table.select([name for name in table.column_names if name in columns])
             if table is not None:
                 self._schemas[upstream] = table.schema
             elif upstream in self._schemas:
@@ -248,6 +256,11 @@ class WindowAggregate(_EventTimeStage):
 
     def _views(self) -> set[str]:
         return {"input"}  # partial_sql's
+
+    def _columns(self) -> set[str] | None:
+        if self.spec.where:
+            return None  # whatever its filter reads
+        return {self.spec.key_by, "event_time", *(agg.column for agg in self.spec.aggregations if agg.column)}
 
     @property
     def _horizon(self) -> int:
