@@ -239,3 +239,57 @@ def test_commit_is_fenced_by_a_new_assignment_epoch(r):
     with pytest.raises(Fenced):
         cp.commit(Transaction(xadds=[("sj:{t}:x", {"a": "2"}, None)]))
     assert r.xlen("sj:{t}:x") == 1
+
+
+def _sink(r, monkeypatch, rows_per_call: int, max_length: int | None = None):
+    from streamjobs_core.loading import parse_job
+    from streamjobs_worker.sinks import RedisSink
+
+    sink = {"name": "out", "type": "redis_stream", "inputs": ["src"]} | ({"maxLength": max_length} if max_length else {})
+    plan = JobPlan(parse_job({"metadata": {"name": "t"}, "spec": {
+        "sources": [{"name": "src", "type": "zipf"}], "sinks": [sink]}}), 0)
+    monkeypatch.setattr(RedisSink, "ROWS_PER_CALL", rows_per_call)
+    return RedisSink(plan, "out", 0), plan.keys.output_stream("out")
+
+
+def test_the_redis_sink_adds_an_entry_per_record_in_order_its_nulls_left_out_in_the_commit(r, monkeypatch):
+    sink, stream = _sink(r, monkeypatch, rows_per_call=3)  # several script calls in one commit
+    table = pa.table({
+        "word": ["a", None, "é", "d", "e", "f", "g"],
+        "n": pa.array([1, 2, None, -4, 2**62, 6, 7], pa.int64()),
+        "x": [0.5, 1e20, float("nan"), None, 2.0, 3.25, -0.0],
+        "ok": [True, False, None, True, True, False, True],
+        "nested": [{"a": 1}, None, {"a": None}, {"a": 4}, {"a": 5}, {"a": 6}, {"a": 7}],
+        "_ingest_ms": pa.array([0] * 7, pa.int64()),  # internal: never a field
+    })
+    txn = Transaction()
+    sink.write(table, txn)
+    txn.hset("sj:{t}:h", {"f": "v"})
+    checkpoint(r).commit(txn)
+    got = [{k.decode(): v.decode() for k, v in fields.items()} for _, fields in r.xrange(stream)]
+    assert got == [
+        {"word": "a", "n": "1", "x": "0.5", "ok": "true", "nested": '{"a": 1}'},
+        {"n": "2", "x": "1e+20", "ok": "false"},
+        {"word": "é", "x": "NaN", "nested": '{"a": null}'},
+        {"word": "d", "n": "-4", "ok": "true", "nested": '{"a": 4}'},
+        {"word": "e", "n": str(2**62), "x": "2.0", "ok": "true", "nested": '{"a": 5}'},
+        {"word": "f", "n": "6", "x": "3.25", "ok": "false", "nested": '{"a": 6}'},
+        {"word": "g", "n": "7", "x": "-0.0", "ok": "true", "nested": '{"a": 7}'},
+    ]
+    assert r.hget("sj:{t}:h", "f") == b"v"
+
+
+def test_the_redis_sink_trims_to_its_max_length_and_refuses_a_record_without_fields_before_the_commit(r, monkeypatch):
+    import redis
+
+    sink, stream = _sink(r, monkeypatch, rows_per_call=100, max_length=10)
+    for _ in range(30):
+        txn = Transaction()
+        sink.write(pa.table({"v": pa.array(range(100), pa.int64())}), txn)
+        checkpoint(r).commit(txn)
+    assert 10 <= r.xlen(stream) < 3000  # approximate trimming: whole nodes go
+    assert r.xrevrange(stream, count=1)[0][1] == {b"v": b"99"}
+    txn = Transaction()
+    with pytest.raises(redis.DataError, match="record 1 "):
+        sink.write(pa.table({"v": pa.array([1, None], pa.int64())}), txn)
+    assert not txn.rows

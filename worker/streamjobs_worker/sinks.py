@@ -13,11 +13,14 @@ import json
 import os
 import uuid
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
+import redis
 from streamjobs_core.plan import JobPlan
 
 from . import spark
-from .transaction import Transaction
+from .transaction import RowEntries, Transaction
 
 
 def user_columns(table: pa.Table) -> pa.Table:
@@ -28,17 +31,41 @@ def _text(value) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
+def _texts(column: pa.ChunkedArray) -> list[str | None]:
+    """A column's values as entry fields: text as is, anything else as JSON (integers and booleans, whose
+    JSON is Arrow's text for them, cast at once; null stays None)."""
+    kind = column.type
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        return column.to_pylist()
+    if pa.types.is_integer(kind) or pa.types.is_boolean(kind):
+        return pc.cast(column, pa.string()).to_pylist()
+    return [None if v is None else _text(v) for v in column.to_pylist()]
+
+
 class RedisSink:
+    """A stream entry per record, its non-null columns as fields."""
+
+    ROWS_PER_CALL = 10_000  # records per script call: a few MB of arguments, a few ms of Redis at most
+
     def __init__(self, plan: JobPlan, op: str, instance: int) -> None:
         self._key = plan.keys.output_stream(op)
         self._maxlen = plan.spec.operator(op).max_length
 
     def write(self, table: pa.Table, txn: Transaction) -> None:
         table = user_columns(table)
+        if not table.num_rows:
+            return
         names = table.column_names
-        for row in zip(*(table.column(n).to_pylist() for n in names)):
-            fields = {n: _text(v) for n, v in zip(names, row) if v is not None}
-            txn.xadd(self._key, fields, self._maxlen)
+        empty = np.ones(table.num_rows, dtype=bool)
+        for name in names:
+            empty &= table.column(name).is_null().to_numpy(zero_copy_only=False)
+        if empty.any():  # as XADD would refuse it; raised before the commit, which then never happens
+            raise redis.DataError(f"XADD requires at least one field: record {int(np.argmax(empty))} of the "
+                                  "batch the sink writes has no non-null column")
+        columns = [_texts(table.column(n)) for n in names]
+        for start in range(0, table.num_rows, self.ROWS_PER_CALL):
+            txn.rows.append(RowEntries(self._key, names, [c[start:start + self.ROWS_PER_CALL] for c in columns],
+                                       self._maxlen))
 
 
 class ParquetSink:
