@@ -95,6 +95,23 @@ def test_only_the_columns_a_window_reads_go_to_spark_unless_its_filter_may_read_
     assert rows(out) == {("b", 0): (1, 2, 2.0, 2, 2)}
 
 
+def test_a_sql_stage_sends_spark_only_the_columns_its_query_names(spark):
+    from streamjobs_core.spec import SqlStage as SqlSpec
+    from streamjobs_worker.stages import SqlStage
+
+    table = batch(["a", "b"], [1, 2], [10, 20]).table("src")
+    with_extra = InputBatch(tables={"src": [table.append_column(
+        "span", pa.array([(1, 2, 3)] * 2, pa.month_day_nano_interval()))]}, records=2)  # a type Spark refuses
+    named = SqlStage(SqlSpec.model_validate({"name": "q", "type": "sql", "inputs": ["src"],
+                                             "query": "SELECT k, v * 10 AS v10 FROM input"}), KeyGroupStore(range(1)))
+    out, _ = named.process(with_extra, 0)
+    assert out.to_pylist() == [{"k": "a", "v10": 10}, {"k": "b", "v10": 20}]
+    star = SqlStage(SqlSpec.model_validate({"name": "q", "type": "sql", "inputs": ["src"],
+                                            "query": "SELECT * FROM input"}), KeyGroupStore(range(1)))
+    with pytest.raises(Exception, match="(?i)interval|unsupported"):
+        star.process(with_extra, 0)  # every column goes: this one cannot
+
+
 def test_late_records_are_dropped_and_counted_lateness_delays_firing(spark):
     logic = WindowAggregate(stage({"type": "tumbling", "sizeMs": 1000}, lateness=500), KeyGroupStore(range(MAX_P)), MAX_P)
     out, wm = logic.process(batch(["a", "a"], [1, 2], [100, 900]), 1200)

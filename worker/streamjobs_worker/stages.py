@@ -66,20 +66,19 @@ class _SparkStage:
         one costs a round trip and an analysis in the JVM: a stage registers only those it reads."""
         return set()
 
-    def _columns(self) -> set[str] | None:
-        """The input columns the stage's query reads, where the stage knows them (None: every column). Each
+    def _columns(self, names: list[str]) -> list[str]:
+        """Those of an input's columns the stage's query may read (every one unless the stage can tell). Each
         column sent costs the JVM a conversion per record: the largest part of a simple stage's work."""
-        return None
+        return names
 
     def _register_inputs(self, batch) -> Any:
         """Register the views the stage reads (each input, and their union as `input`); return the union."""
         views = self._read_views
-        columns = self._columns()
         union = None
         for upstream in self.spec.inputs:
             table = batch.table(upstream)
-            if table is not None and columns is not None:
-                table = table.select([name for name in table.column_names if name in columns])
+            if table is not None and len(kept := self._columns(table.column_names)) < table.num_columns:
+                table = table.select(kept)
             if table is not None:
                 self._schemas[upstream] = table.schema
             elif upstream in self._schemas:
@@ -113,10 +112,30 @@ class _SparkStage:
         """A key group handed over (its state leaves the store): stages without timers need nothing."""
 
 
+# SQL that may read columns it does not name: a star where a column or argument list goes (SELECT *, t.*,
+# struct(*); count(*) reads none, `a * b` is a product), NATURAL joins and USING clauses.
+_COUNT_ROWS = re.compile(r"\bcount\s*\(\s*\*\s*\)", re.IGNORECASE)
+_UNNAMED_COLUMNS = re.compile(r"(?:^|\bselect|\bdistinct|\ball|[,(.])\s*\*|\bnatural\b|\busing\b", re.IGNORECASE)
+
+
+def mentioned(names: list[str], sql: str, also: set[str] = frozenset()) -> list[str]:
+    """The columns among `names` that `sql` may read: those it names (case aside, as Spark resolves them,
+    quoted or not; a name in a string literal or comment counts too, which costs only its conversion), or
+    every one where it may read columns it does not name. `also`: columns kept whatever the text says."""
+    if _UNNAMED_COLUMNS.search(_COUNT_ROWS.sub("", sql)):
+        return names
+    named = [name for name in names if name in also
+             or re.search(rf"(?<![\w$]){re.escape(name)}(?![\w$])", sql, re.IGNORECASE)]
+    return named or names[:1]  # a batch without columns would lose its row count on the way
+
+
 class SqlStage(_SparkStage):
     def _views(self) -> set[str]:
         names = {"input", *(view_name(u) for u in self.spec.inputs)}
         return {name for name in names if re.search(rf"\b{re.escape(name)}\b", self.spec.query, re.IGNORECASE)}
+
+    def _columns(self, names: list[str]) -> list[str]:
+        return mentioned(names, f"{self.spec.query}\n{self.spec.where or ''}")
 
     def process(self, batch, watermark: int) -> tuple[pa.Table | None, int]:
         if not batch.records:
@@ -257,10 +276,14 @@ class WindowAggregate(_EventTimeStage):
     def _views(self) -> set[str]:
         return {"input"}  # partial_sql's
 
-    def _columns(self) -> set[str] | None:
+    def _columns(self, names: list[str]) -> list[str]:
         if self.spec.where:
-            return None  # whatever its filter reads
-        return {self.spec.key_by, "event_time", *(agg.column for agg in self.spec.aggregations if agg.column)}
+            return mentioned(names, self.spec.where, also={self.spec.key_by, "event_time", *self._aggregated})
+        return [name for name in names if name in {self.spec.key_by, "event_time", *self._aggregated}]
+
+    @property
+    def _aggregated(self) -> set[str]:
+        return {agg.column for agg in self.spec.aggregations if agg.column}
 
     @property
     def _horizon(self) -> int:
