@@ -83,8 +83,8 @@ def _flink(records: int, cores: int) -> dict:
 
 
 def at_cores(cores: int, runs: int, quick: bool, with_flink: bool) -> dict:
-    records = 3_000_000 if quick else 10_000_000
-    flink_records = 10_000_000 if quick else 30_000_000  # it is faster: as many seconds of stretch as ours
+    records = 10_000_000 if quick else 30_000_000  # a stretch of seconds: a shorter one swings with JIT and GC
+    flink_records = 10_000_000 if quick else 30_000_000
     systems: dict[str, list[dict]] = {"ours": [], "flink": [], "sss": []}
     with pinned(cores) as chosen:
         for _ in range(runs):  # interleaved: a drift of the machine over the runs touches every system alike
