@@ -106,7 +106,6 @@ class Checkpoint:
     def __init__(self, r: redis.Redis, jobs: RedisJobStore, op: str, instance: int, incarnation: int,
                  store: KeyGroupStore | None = None, snapshot_every_batches: int = 50) -> None:
         self._r = r
-        self._add_rows = r.register_script(_ADD_ROWS)
         self._jobs = jobs
         self._keys = jobs.keys
         self._op = op
@@ -193,8 +192,11 @@ class Checkpoint:
         for kg in kgs:
             pipe.xadd(self._keys.changelog(self._op, kg), changelog_fields(txn.changelog[kg]))
         for rows in txn.rows:  # after the changelog's: commit() finds its entry ids by position
-            self._add_rows(keys=[rows.key], args=[len(rows.columns[0]), "" if rows.maxlen is None else rows.maxlen,
-                                                  msgpack.packb(rows.names), msgpack.packb(rows.columns)], client=pipe)
+            # EVAL, not EVALSHA: a script cache emptied by a restart or failover since it was loaded would fail
+            # this one command inside EXEC while the others apply. The script's text is small beside its rows.
+            pipe.execute_command("EVAL", _ADD_ROWS, 1, rows.key, len(rows.columns[0]),
+                                 "" if rows.maxlen is None else rows.maxlen, msgpack.packb(rows.names),
+                                 msgpack.packb(rows.columns))
         for key, mapping in txn.hsets.items():
             pipe.hset(key, mapping=mapping)
         for key, field_, amount in txn.hincrs:
