@@ -113,7 +113,8 @@ class _SparkStage:
 
 
 # SQL that may read columns it does not name: a star where a column or argument list goes (SELECT *, t.*,
-# struct(*); count(*) reads none, `a * b` is a product), NATURAL joins and USING clauses.
+# struct(*); count(*) reads none, `a * b` is a product), NATURAL joins and USING clauses; and any SQL with a
+# comment, which may hide the star's place.
 _COUNT_ROWS = re.compile(r"\bcount\s*\(\s*\*\s*\)", re.IGNORECASE)
 _UNNAMED_COLUMNS = re.compile(r"(?:^|\bselect|\bdistinct|\ball|[,(.])\s*\*|\bnatural\b|\busing\b", re.IGNORECASE)
 
@@ -122,8 +123,8 @@ def mentioned(names: list[str], sql: str, also: set[str] = frozenset()) -> list[
     """The columns among `names` that `sql` may read: those it names (case aside, as Spark resolves them,
     quoted or not; a name in a string literal or comment counts too, which costs only its conversion), or
     every one where it may read columns it does not name. `also`: columns kept whatever the text says."""
-    if _UNNAMED_COLUMNS.search(_COUNT_ROWS.sub("", sql)):
-        return names
+    if "--" in sql or "/*" in sql or _UNNAMED_COLUMNS.search(_COUNT_ROWS.sub("", sql)):
+        return names  # a comment may stand between SELECT and its star (`SELECT -- all\n *`)
     named = [name for name in names if name in also
              or re.search(rf"(?<![\w$]){re.escape(name)}(?![\w$])", sql, re.IGNORECASE)]
     return named or names[:1]  # a batch without columns would lose its row count on the way
