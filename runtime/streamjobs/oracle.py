@@ -12,16 +12,20 @@ expected rows as multisets.
 from __future__ import annotations
 
 import json
+import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import reduce
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import redis
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
 from streamjobs_core import ddl, deadletters, generators, resplit, shedding
 from streamjobs_core.deadletters import Kind
 from streamjobs_core.jobstore import RedisJobStore
@@ -33,9 +37,11 @@ from streamjobs_worker import external
 from streamjobs_worker.join import on_clause, select_list, window_join_sql
 from streamjobs_worker.lookup import load_table, lookup_join
 from streamjobs_worker.over import over_sql
+from streamjobs_worker.spark import bridge
 from streamjobs_worker.stages import load_function, view_name
 
 _READ_BYTES = 256 * 2**20  # read back in parts of at most this many bytes
+_SPILL_ROWS = 1_000_000  # rows per Parquet row group: the unit Spark reads a spilled input in
 
 
 class Unverifiable(Exception):
@@ -104,6 +110,19 @@ def _without(spark: SparkSession, frame: DataFrame, records: list[dict], op: str
     if missing:
         raise Unverifiable(f"{op}: {missing} records it dead-lettered are not among its input records")
     return spark.createDataFrame(table.filter(pa.array(keep)), schema=frame.schema)
+
+
+def spilled(spark: SparkSession, table: pa.Table, path: Path) -> DataFrame:
+    """The table as a DataFrame that Spark reads from a Parquet file at `path`, in splits: a run's whole input
+    handed over in memory (createDataFrame) must fit the oracle JVM's heap at once, and a flood run's did not.
+    Columns keep the types createDataFrame gives them; Parquet has no column of only nulls, so those come back
+    as literals."""
+    target, _, struct = bridge(spark).spark_schema(table.schema)
+    nulls = [f.name for f in target if pa.types.is_null(f.type)]
+    stored = table.cast(target).drop_columns(nulls)
+    pq.write_table(stored, path, row_group_size=_SPILL_ROWS)
+    frame = spark.read.schema(StructType([f for f in struct.fields if f.name not in nulls])).parquet(str(path))
+    return frame.select(*[F.lit(None).alias(f.name) if f.name in nulls else F.col(f"`{f.name}`") for f in struct])
 
 
 def _value_key(value: Any) -> Any:
@@ -298,19 +317,21 @@ class Expected:
         return self.frames[op]
 
 
-def expected_outputs(spark: SparkSession, r: redis.Redis, plan: JobPlan,
+def expected_outputs(spark: SparkSession, r: redis.Redis, plan: JobPlan, spill: Path,
                      decisions: Decisions | None = None) -> Expected:
+    """Every operator's expected output, lazily: its sources' records are spilled into `spill`, which must
+    outlive the frames' use."""
     decisions = decisions or Decisions()
     plans = RedisJobStore(r, plan.id).plans()
     states: dict[str, DataFrame] = {}
     if len(plans) > 1:
-        return Expected(_reconfigured_outputs(spark, r, plans, decisions, states), states)
+        return Expected(_reconfigured_outputs(spark, r, plans, decisions, states, spill), states)
     frames: dict[str, DataFrame] = {}
     for name in plan.spec.topological_order():
         op = plan.spec.operator(name)
         if op in plan.spec.sources:
             # Ingest time is not reproducible; a constant keeps queries that select it valid.
-            frames[name] = spark.createDataFrame(source_input(r, plan, name, decisions)).withColumn(
+            frames[name] = spilled(spark, source_input(r, plan, name, decisions), spill / name).withColumn(
                 "_ingest_ms", F.lit(0))
             continue
         taken = decisions.inputs_of(spark, frames, name)
@@ -359,7 +380,7 @@ _HOW_IT_RUNS = ("parallelism", "onError", "simulatedCostUs", "allowedLatenessMs"
 
 
 def _reconfigured_outputs(spark: SparkSession, r: redis.Redis, plans: list[JobPlan], decisions: Decisions,
-                          states: dict[str, DataFrame]) -> dict[str, DataFrame]:
+                          states: dict[str, DataFrame], spill: Path) -> dict[str, DataFrame]:
     """The job reconfigured live: every source record carries the plan version in force at its offset (`_v`,
     from the recorded cuts), and every operator computes each record under that version's spec.
 
@@ -377,8 +398,8 @@ def _reconfigured_outputs(spark: SparkSession, r: redis.Redis, plans: list[JobPl
         specs = [_operator_or_none(p, name) for p in plans]
         op = next(spec for spec in reversed(specs) if spec is not None)
         if any(spec is not None and spec in p.spec.sources for p, spec in zip(plans, specs)):
-            frames[name] = spark.createDataFrame(_versioned_source(r, plans, name, cuts, decisions)).withColumn(
-                "_ingest_ms", F.lit(0))
+            frames[name] = spilled(spark, _versioned_source(r, plans, name, cuts, decisions),
+                                   spill / name).withColumn("_ingest_ms", F.lit(0))
             versioned[name] = True
             continue
         taken = decisions.inputs_of(spark, frames, name)
@@ -605,9 +626,14 @@ def verify(spark: SparkSession, r: redis.Redis, plan: JobPlan) -> dict:
     `correct` is None, with the reason, where the run cannot be verified; a sink downstream of a stateful
     stage whose outputs are per batch is not compared (its rows depend on where batches began), and that
     stage's final state per key is instead."""
+    with tempfile.TemporaryDirectory(prefix="streamjobs-oracle-") as spill:
+        return _verify(spark, r, plan, Path(spill))
+
+
+def _verify(spark: SparkSession, r: redis.Redis, plan: JobPlan, spill: Path) -> dict:
     try:
         decisions = Decisions.of(r, plan)
-        expected = expected_outputs(spark, r, plan, decisions)
+        expected = expected_outputs(spark, r, plan, spill, decisions)
     except Unverifiable as exc:
         return {"correct": None, "reason": f"cannot verify: {exc}"}
     result: dict[str, Any] = {"correct": True, "lost": 0, "duplicated": 0, "unexpected": 0, "sinks": {},

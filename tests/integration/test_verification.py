@@ -6,11 +6,15 @@ The job's workers run in-process against a real redis-server, stepped by hand ov
 
 from __future__ import annotations
 
+import decimal
 import time
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
-from streamjobs.oracle import verify
+from streamjobs.oracle import spilled, verify
 from streamjobs_core.jobstore import RedisJobStore
 from streamjobs_core.loading import parse_job
 from streamjobs_core.plan import JobPlan
@@ -90,3 +94,32 @@ def test_a_stateful_stage_declared_per_record_has_its_output_compared(r, spark):
     verdict = verify(spark, r, plan)
     assert verdict["correct"] is False  # it said per_record, its rows depend on batches: the comparison sees it
     assert verdict["sinks"]["out"]["unexpected"] > 0 and "states" not in verdict
+
+
+def test_a_spilled_input_reads_back_as_createDataFrame_gives_it(spark, tmp_path):
+    """The oracle hands a run's input to Spark through Parquet: every type a source decodes reads back as the
+    same rows and Spark types an in-memory hand-over gives, a column of only nulls included."""
+    table = pa.table({
+        "id": pa.array([1, 2, None], pa.int64()),
+        "price": pa.array([decimal.Decimal("1.50"), None, decimal.Decimal("-3.25")], pa.decimal128(9, 2)),
+        "at": pa.array([0, 1_700_000_000_000_000, None], pa.timestamp("us", tz="UTC")),
+        "day": pa.array([0, 19_000, None], pa.date32()),
+        "name": pa.array(["a", None, "ü"], pa.large_string()),
+        "tags": pa.array([["x"], [], None], pa.list_(pa.string())),
+        "attrs": pa.array([[("k", 1)], None, []], pa.map_(pa.string(), pa.int32())),
+        "nested": pa.array([{"a": 1.5, "b": True}, None, {"a": None, "b": False}],
+                           pa.struct([("a", pa.float64()), ("b", pa.bool_())])),
+        "nothing": pa.nulls(3),
+    })
+    frame = spilled(spark, table, tmp_path / "in")
+    direct = spark.createDataFrame(table)
+    assert frame.schema == direct.schema
+    assert sorted(map(repr, frame.collect())) == sorted(map(repr, direct.collect()))
+
+
+def test_a_spilled_input_is_read_in_row_groups_not_at_once(spark, tmp_path):
+    table = pa.table({"k": pa.array(np.arange(2_500_000) % 7), "v": pa.array(np.arange(2_500_000))})
+    frame = spilled(spark, table, tmp_path / "in")
+    assert pq.ParquetFile(tmp_path / "in").num_row_groups == 3
+    sums = {row.k: row.s for row in frame.groupBy("k").agg(F.sum("v").alias("s")).collect()}
+    assert sums == {k: int(np.arange(2_500_000)[np.arange(2_500_000) % 7 == k].sum()) for k in range(7)}

@@ -18,6 +18,7 @@ import threading
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.types import StructType
 
 from . import jvm_archive
 
@@ -100,7 +101,7 @@ class ArrowBridge:
 
     def frame(self, table: pa.Table) -> DataFrame:
         """The table as one partition of a DataFrame (columnar in its task, no LocalRelation of rows)."""
-        target, schema_json, struct = self._schema(table.schema)
+        target, schema_json, struct = self.spark_schema(table.schema)
         if table.schema != target:
             table = table.cast(target)
         with tempfile.NamedTemporaryFile(dir=self._temp_dir, delete=False) as file:
@@ -115,7 +116,7 @@ class ArrowBridge:
         frame._schema = struct
         return frame
 
-    def _schema(self, schema: pa.Schema):
+    def spark_schema(self, schema: pa.Schema) -> tuple[pa.Schema, str, StructType]:
         """(the Arrow schema Spark takes, its Spark schema as JSON, as a StructType), per input schema."""
         known = self._schemas.get(schema)
         if known is None:
