@@ -9,8 +9,10 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
+import pyarrow.compute as pc
 import pytest
 import redis
 from streamjobs_core.loading import load_job
@@ -30,7 +32,7 @@ def worker_processes(job: str) -> list[int]:
     return pids
 
 
-@pytest.mark.parametrize("example", [*(f"examples/nexmark-q{q}.yaml" for q in range(1, 9)), "examples/ysb.yaml"])
+@pytest.mark.parametrize("example", [*(f"examples/nexmark-q{q}.yaml" for q in (1, 2, 3, 4, 6, 7, 8)), "examples/ysb.yaml"])
 def test_example_equals_oracle(run_in_process, example):
     report = run_in_process(example, 8)
     assert_exact(report)
@@ -39,6 +41,30 @@ def test_example_equals_oracle(run_in_process, example):
     assert report["operators"][source.name]["records_out"] > 4 * source.rate.records_per_second, \
         "the source ran at its rate"
 
+
+
+def test_nexmark_q5_emits_every_auction_at_its_windows_maximum(run_in_process, r):
+    """The Q5 example equals the oracle and Q5 as NEXMark defines it, computed here by brute force from the run's
+    own input: per 10 s window sliding by 2 s, each auction whose bid count equals the window's highest."""
+    from streamjobs.oracle import source_input
+    from streamjobs_core.jobstore import RedisJobStore
+
+    report = run_in_process("examples/nexmark-q5.yaml", 8)
+    assert_exact(report)
+    plan = RedisJobStore(r, "nexmark-q5").plan()
+    bids = source_input(r, plan, "events").filter(pc.equal(pc.field("event_type"), 2)).to_pandas()
+    per_window = Counter()
+    for auction, t in zip(bids["bid_auction"], bids["event_time"]):
+        last_start = t - t % 2000
+        for start in range(last_start, t - 10_000, -2000):  # the five windows [start, start + 10 s) holding t
+            per_window[(start + 10_000, auction)] += 1
+    highest = Counter()
+    for (end, _), count in per_window.items():
+        highest[end] = max(highest[end], count)
+    want = Counter((auction, count) for (end, auction), count in per_window.items() if count == highest[end])
+    got = Counter((int(fields[b"auction"]), int(fields[b"num"]))
+                  for _, fields in r.xrange(plan.keys.output_stream("hot-items")))
+    assert got == want and len(highest) >= 5
 
 def test_cli_run_stopped_by_sighup_reports_verifies_quietly_and_leaves_no_process(tmp_path):
     """A closed terminal (SIGHUP) stops `streamjobs run` as Ctrl-C does: drained, verified, reported, its

@@ -21,7 +21,7 @@ def _report(p50: float, p99: float, verification: dict | None = None) -> dict:
 
 def _peer(latencies: list[float]) -> dict:
     return {"latencies_ms": np.asarray(latencies), "input_records_per_s": 2000.0, "batches": 40,
-            "batch_p50_ms": 250.0, "stateful_operators": 2}
+            "batch_p50_ms": 250.0, "stateful_operators": 4}
 
 
 def test_the_peer_takes_its_windows_and_events_from_our_job():

@@ -27,7 +27,7 @@ def chains(plan: JobPlan) -> list[tuple[str, ...]]:
     return [chain.operators for chain in plan.chains]
 
 
-def test_nexmark_q5_chains_the_sql_stage_to_its_window_and_the_sink_to_the_last_window():
+def test_a_sql_stage_chains_to_its_window_and_the_sink_to_the_last_window():
     plan = plan_of([SOURCE], [WINDOW, SQL, HOTTEST], [SINK])
     assert chains(plan) == [("events",), ("per-auction", "by-window"), ("hottest", "out")]
     assert plan.vertices == ("events", "per-auction", "hottest")

@@ -103,10 +103,11 @@ def test_q5_bids_follow_our_nexmark_mix():
     assert _options(sink)["connector"] == "print"
 
 
-def test_q5_takes_the_max_per_sliding_window_end_and_stamps_it():
+def test_q5_joins_the_counts_with_the_max_per_sliding_window_end_and_stamps_them():
     (insert,) = sql.q5_job(Q5, 2000, t0_s=0, rows=1).inserts
     assert "TUMBLE(TABLE bids_per_auction, DESCRIPTOR(slide_time), INTERVAL '1.000' SECOND)" in insert
-    assert "SELECT window_end, MAX(bids), CURRENT_TIMESTAMP" in insert
+    assert "SELECT A.slide_end, A.bid_auction, A.bids, CURRENT_TIMESTAMP" in insert
+    assert "ON A.slide_end = M.max_end AND A.bids >= M.maxn" in insert
 
 
 def test_q5_hot_stride_stays_within_few_active_auctions():
@@ -126,9 +127,9 @@ def test_q5_rejects_a_rate_or_size_flink_cannot_run(rate, rows, error):
 
 def test_q5_latency_is_emission_minus_window_end_in_the_measured_half():
     lines = [
-        "streamjobs> +I[2026-11-23T18:00:01, 700, 2026-11-23T18:00:01.450Z]",  # before the measured half
-        "streamjobs> +I[2026-11-23T18:00:02, 712, 2026-11-23T18:00:02.300Z]",
-        "streamjobs> +I[2026-11-23T18:00:03, 690, 2026-11-23T18:00:03.812Z]",
+        "streamjobs> +I[2026-11-23T18:00:01, 1000, 700, 2026-11-23T18:00:01.450Z]",  # before the measured half
+        "streamjobs> +I[2026-11-23T18:00:02, 1000, 712, 2026-11-23T18:00:02.300Z]",
+        "streamjobs> +I[2026-11-23T18:00:03, 1100, 690, 2026-11-23T18:00:03.812Z]",
     ]
     since = _ms("2026-11-23T18:00:02Z")
     assert sql.q5_latencies_ms(sql.print_rows(lines), since) == [300, 812]

@@ -53,8 +53,8 @@ NOTES = {
           "auction follows its seller within that time)",
     "q4": "ours: an interval join over auctions' 6 s lifetime, then tumbling windows (2 s per auction, 10 s per "
           "category); nexmark's: a regular join and unwindowed aggregations with retractions",
-    "q5": "ours: the maximum count per window (the hottest auctions' count, not their ids: issue 34 item 4); "
-          "nexmark's: every auction at the maximum, through a join",
+    "q5": "same query: every auction at its window's maximum count, through a join of the counts with their "
+          "maximum (ours: a window join per slide end; nexmark's: a regular join)",
     "q6": "ours: Q4's winning bids, then the average of each seller's last 10 (an `over` stage); nexmark's text "
           "needs an OVER window over retractions",
     "q7": "ours: a window join of each bid with its 10 s window's maximum; nexmark's: an interval-bounded "

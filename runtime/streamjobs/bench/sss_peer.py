@@ -28,7 +28,7 @@ _HOT_STRIDE = 100
 # replayed after a failure regenerates the same bids.
 _SALT_JITTER, _SALT_HOT, _SALT_AUCTION = 1, 8, 9
 _DRAW_RESOLUTION = 1 << 20
-PEER_QUERY = "both aggregations, chained in one query"
+PEER_QUERY = "both aggregations and their join, chained in one query"
 # Seen in its progress: the rate source releases whole seconds of rows, so a row
 # waits up to 1 s (0.5 s on average) to enter a batch; that is part of the peer's latency.
 PEER_SOURCE = "rate (rowsPerSecond = the rate; releases rows once per second of wall time)"
@@ -128,24 +128,30 @@ def nexmark_bids(events: DataFrame, shape: Q5Shape) -> DataFrame:
 
 
 def q5(bids: DataFrame, shape: Q5Shape) -> DataFrame:
-    """Bids per auction in sliding windows, then the max of each window end over tumbling windows.
+    """Bids per auction in sliding windows, the max of each window end over tumbling windows, and the counts
+    that equal their window's max (NEXMark Q5's hottest auctions), joined within the same instant.
 
     `window_time` (the window's last instant) is the first aggregation's event time,
     as ours gives its results `window_end - 1`; the second aggregation keys by the
-    window end as ours keys by `slide_end`.
+    window end as ours keys by `slide_end`; the join's equal event times let Spark
+    drop its state as the watermark passes.
     """
     counts = (
         bids.withWatermark("event_time", f"{shape.out_of_order_ms} milliseconds")
         .groupBy(F.window("event_time", f"{shape.size_ms} milliseconds", f"{shape.slide_ms} milliseconds"),
                  "bid_auction")
         .agg(F.count(F.lit(1)).alias("bids"))
-        .select(F.window_time("window").alias("slide_time"), F.col("window.end").alias("slide_end"), "bids")
+        .select(F.window_time("window").alias("slide_time"), F.col("window.end").alias("slide_end"), "bid_auction",
+                "bids")
     )
-    return (
+    maxima = (
         counts.groupBy(F.window("slide_time", f"{shape.max_window_ms} milliseconds"), "slide_end")
         .agg(F.max("bids").alias("max_bids"))
-        .select(F.unix_millis(F.col("window.end")).alias("window_end_ms"), "max_bids")
+        .select(F.window_time("window").alias("max_time"), F.col("slide_end").alias("max_end"), "max_bids")
     )
+    hottest = counts.join(maxima, F.expr("slide_end = max_end AND bids = max_bids AND slide_time = max_time"))
+    return hottest.select(F.unix_millis("slide_end").alias("window_end_ms"), F.col("bid_auction").alias("auction"),
+                          F.col("bids").alias("num"))
 
 
 def _stop_between_batches(query: StreamingQuery, patience_s: float = 10.0) -> None:

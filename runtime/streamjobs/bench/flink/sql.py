@@ -156,7 +156,9 @@ def steady_rate(firings: Iterable[tuple[int, int]], records: int, skip_fraction:
 
 
 def q5_job(shape, rate: float, t0_s: int, rows: int) -> FlinkJob:
-    """NEXMark Q5 as examples/nexmark-q5.yaml: sliding count of bids per auction, then the max per window end.
+    """NEXMark Q5 as examples/nexmark-q5.yaml: sliding count of bids per auction, the max per window end, and
+    the counts that reach it (nexmark's q5.sql joins the counts with their maximum the same way, on `num >= maxn`;
+    its maximum is a regular aggregation, whose retractions a print sink would show as rows of their own).
 
     `shape` is bench/sss_peer.py's Q5Shape, read from our job. `rows` events at
     `rate` a second, paced one by one (a PacedSource: datagen's SQL connector
@@ -201,21 +203,25 @@ def q5_job(shape, rate: float, t0_s: int, rows: int) -> FlinkJob:
         f"FROM TABLE(HOP(TABLE bids, DESCRIPTOR(event_time), {_interval(shape.slide_ms)}, {_interval(shape.size_ms)}))\n"
         "GROUP BY bid_auction, window_start, window_end, window_time"
     )
-    sink = _print_sink("hot_items", "window_end TIMESTAMP(3), max_bids BIGINT, emitted TIMESTAMP_LTZ(3)")
+    sink = _print_sink("hot_items", "window_end TIMESTAMP(3), auction BIGINT, num BIGINT, emitted TIMESTAMP_LTZ(3)")
     # slide_time is the sliding window's end - 1 ms: the tumbling window holding it ends at that same end.
     hottest = (
         "INSERT INTO hot_items\n"
-        "SELECT window_end, MAX(bids), CURRENT_TIMESTAMP\n"
-        f"FROM TABLE(TUMBLE(TABLE bids_per_auction, DESCRIPTOR(slide_time), {_interval(shape.max_window_ms)}))\n"
-        "GROUP BY window_start, window_end"
+        "SELECT A.slide_end, A.bid_auction, A.bids, CURRENT_TIMESTAMP\n"
+        "FROM bids_per_auction AS A JOIN (\n"
+        "  SELECT window_end AS max_end, MAX(bids) AS maxn\n"
+        f"  FROM TABLE(TUMBLE(TABLE bids_per_auction, DESCRIPTOR(slide_time), {_interval(shape.max_window_ms)}))\n"
+        "  GROUP BY window_start, window_end) AS M\n"
+        "ON A.slide_end = M.max_end AND A.bids >= M.maxn"
     )
     return FlinkJob(ddl=(events, bids, per_auction, sink), inserts=(hottest,), paced=ticks)
 
 
 def q5_latencies_ms(rows: Iterable[list[str]], since_ms: int) -> list[int]:
-    """Emission minus window end of the Q5 results (window_end, max_bids, emitted) whose window ends at or after since_ms."""
+    """Emission minus window end of the Q5 results (window_end, auction, num, emitted) whose window ends at or after
+    since_ms."""
     latencies = []
-    for window_end, _max_bids, emitted in rows:
+    for window_end, _auction, _num, emitted in rows:
         end = epoch_ms(window_end)
         if end >= since_ms:
             latencies.append(epoch_ms(emitted) - end)
