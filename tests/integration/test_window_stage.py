@@ -111,6 +111,13 @@ def test_a_sql_stage_sends_spark_only_the_columns_its_query_names(spark):
     with pytest.raises(Exception, match="(?i)interval|unsupported"):
         star.process(with_extra, 0)  # every column goes: this one cannot
 
+    plain = InputBatch(tables={"src": [table]}, records=2)
+    named.process(plain, 0)  # what it sends of these columns is known: k and v
+    named.reconfigure(SqlSpec.model_validate({"name": "q", "type": "sql", "inputs": ["src"],
+                                              "query": "SELECT k, v, event_time FROM input"}))
+    out, _ = named.process(plain, 0)  # reconfigured live: the columns the new query names go along
+    assert out.column_names == ["k", "v", "event_time"] and out.column("v").to_pylist() == [1, 2]
+
 
 def test_late_records_are_dropped_and_counted_lateness_delays_firing(spark):
     logic = WindowAggregate(stage({"type": "tumbling", "sizeMs": 1000}, lateness=500), KeyGroupStore(range(MAX_P)), MAX_P)

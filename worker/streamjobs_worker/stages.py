@@ -24,7 +24,7 @@ from streamjobs_core.spec import StatefulStage, WindowAggregateStage
 from streamjobs_core.statelog import state_layout
 from streamjobs_core.watermarks import MAX_WATERMARK, MIN_WATERMARK
 
-from . import phases, spark
+from . import phases, pushdown, spark
 from .state import KG, KeyGroupStore, groups_of, last_per_key, per_key_group, replace_rows, take
 
 
@@ -55,11 +55,21 @@ class _SparkStage:
         self._schemas: dict[str, pa.Schema] = {}
         self.late: list[LateRecords] = []  # met by batches that went through, since the chain last took them
         self._read_views = self._views()
+        self._kept: dict[tuple[str, ...], list[str]] = {}  # _columns per input's column names
+        # pushdown.py: per input and schema, the filter its rows pass before Spark (None: none), once learned
+        # from a plan; and the inputs of the batch at hand whose filter its plan is to tell (their relation ids)
+        self._pushed: dict[tuple[str, pa.Schema], Any] = {}
+        self._learning: dict[str, int] = {}
 
     def reconfigure(self, spec) -> None:
         """A live change (reconfigure.py) to fields the state does not depend on: the state stays."""
         self.spec = spec
         self._read_views = self._views()
+        self._kept = {}
+        self._pushed = {}
+
+    # Whether the stage calls _learn_pushdown with the query that reads its inputs (pushdown.py)
+    _pushes_down = False
 
     def _views(self) -> set[str]:
         """The views the stage's query reads: `input` (the union) and each input by its name. Registering
@@ -71,13 +81,19 @@ class _SparkStage:
         column sent costs the JVM a conversion per record: the largest part of a simple stage's work."""
         return names
 
+    def _kept_of(self, names: list[str]) -> list[str]:
+        known = self._kept.get(key := tuple(names))
+        if known is None:
+            known = self._kept[key] = self._columns(names)
+        return known
+
     def _register_inputs(self, batch) -> Any:
         """Register the views the stage reads (each input, and their union as `input`); return the union."""
         views = self._read_views
         union = None
         for upstream in self.spec.inputs:
             table = batch.table(upstream)
-            if table is not None and len(kept := self._columns(table.column_names)) < table.num_columns:
+            if table is not None and len(kept := self._kept_of(table.column_names)) < table.num_columns:
                 table = table.select(kept)
             if table is not None:
                 self._schemas[upstream] = table.schema
@@ -85,10 +101,16 @@ class _SparkStage:
                 table = self._schemas[upstream].empty_table()
             else:
                 continue
+            learn = self._pushes_down and table.num_rows and (upstream, table.schema) not in self._pushed
+            if self._pushes_down and not learn:
+                table = self._filtered(upstream, table)
             with phases.phase("to_jvm"):
+                frame = spark.bridge(self.spark).frame(table)
+                if learn:
+                    self._learning[upstream] = pushdown.relation_id(frame)
                 # One chunk, one partition: Spark would otherwise make a partition per tiny entry, and an
                 # aggregation over a single partition needs no exchange.
-                df = spark.bridge(self.spark).frame(table).coalesce(1)
+                df = frame.coalesce(1)
             if self.spec.where:
                 df = df.filter(self.spec.where)
             if view_name(upstream) in views:
@@ -97,6 +119,24 @@ class _SparkStage:
         if "input" in views:
             union.createOrReplaceTempView("input")
         return union
+
+    def _filtered(self, upstream: str, table: pa.Table) -> pa.Table:
+        pushed = self._pushed.get((upstream, table.schema))
+        if pushed is None or not table.num_rows:
+            return table
+        try:
+            return table.filter(pushed)
+        except pa.ArrowException:  # a type Arrow cannot compare so (a dictionary, say): Spark alone filters
+            self._pushed[(upstream, table.schema)] = None
+            return table
+
+    def _learn_pushdown(self, df) -> None:
+        """What the plan of `df`, the query over this batch's inputs, lets later batches filter first."""
+        if self._learning:
+            schemas = {name: self._schemas[name] for name in self._learning}
+            for name, pushed in pushdown.learned(df, self._learning).items():
+                self._pushed[(name, schemas[name])] = pushed
+            self._learning = {}
 
     def restore(self, watermarks: dict[int, int] | None = None) -> None:
         """Stateless stages have nothing to rebuild."""
@@ -131,6 +171,8 @@ def mentioned(names: list[str], sql: str, also: set[str] = frozenset()) -> list[
 
 
 class SqlStage(_SparkStage):
+    _pushes_down = True
+
     def _views(self) -> set[str]:
         names = {"input", *(view_name(u) for u in self.spec.inputs)}
         return {name for name in names if re.search(rf"\b{re.escape(name)}\b", self.spec.query, re.IGNORECASE)}
@@ -144,6 +186,7 @@ class SqlStage(_SparkStage):
         self._register_inputs(batch)
         with phases.phase("plan"):
             df = self.spark.sql(self.spec.query)
+            self._learn_pushdown(df)
         return collect(df), watermark
 
 
@@ -266,6 +309,8 @@ class WindowAggregate(_EventTimeStage):
     taking their segments out, per key group against its own watermark.
     """
 
+    _pushes_down = True
+
     spec: WindowAggregateStage
 
     def __init__(self, spec: WindowAggregateStage, store: KeyGroupStore, max_parallelism: int) -> None:
@@ -288,9 +333,10 @@ class WindowAggregate(_EventTimeStage):
         return {"input"}  # partial_sql's
 
     def _columns(self, names: list[str]) -> list[str]:
+        read = {self.spec.key_by, "event_time", *self._aggregated}
         if self.spec.where:
-            return mentioned(names, self.spec.where, also={self.spec.key_by, "event_time", *self._aggregated})
-        return [name for name in names if name in {self.spec.key_by, "event_time", *self._aggregated}]
+            return mentioned(names, self.spec.where, also=read)
+        return [name for name in names if name in read]
 
     @property
     def _aggregated(self) -> set[str]:
@@ -365,6 +411,7 @@ class WindowAggregate(_EventTimeStage):
         self._register_inputs(batch)
         with phases.phase("plan"):
             df = self.spark.sql(partial_sql(self.spec))
+            self._learn_pushdown(df)
         partials = collect(df)
         if not partials.num_rows:
             return

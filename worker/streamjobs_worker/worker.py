@@ -124,6 +124,7 @@ class Worker:
         self._last_backpressure_check = 0.0
         self._edge_lag = 0  # the largest produced - consumed over the output edges, last read
         self._written_since_check = 0
+        self._last_producers_check = 0.0
         self.retired = False  # switched to a plan version without this chain: waits to be stopped
 
     # --- lifecycle -----------------------------------------------------------
@@ -424,9 +425,13 @@ class Worker:
 
     def _holds_back_producers(self, batch: InputBatch) -> bool:
         """Whether an input edge holds more unconsumed records than the lag bound. Its producers pause until a
-        consumer commits (_backpressured), so a batch waiting to fill up would only leave the pipeline idle."""
-        if self.is_source or not batch.records:
+        consumer commits (_backpressured), so a batch waiting to fill up would only leave the pipeline idle.
+        Asked on every read while a batch waits: the edges are read every 0.1 s at most, as producers reread
+        theirs every 0.2 s."""
+        now = time.monotonic()
+        if self.is_source or not batch.records or now - self._last_producers_check < 0.1:
             return False
+        self._last_producers_check = now
         bound = self.plan.spec.batching.max_lag_records
         totals = edge_totals(self.r, self.plan.keys, self.plan.edges_in(self.chain.chain.head))
         return any(produced - consumed > bound for produced, consumed in totals)
