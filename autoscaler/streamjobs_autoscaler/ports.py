@@ -3,7 +3,6 @@ operator each provide them; tests provide recording fakes."""
 
 from __future__ import annotations
 
-import json
 from typing import Protocol
 
 
@@ -25,22 +24,18 @@ class Events(Protocol):
     def emit(self, reason: str, message: str, warning: bool = False) -> None: ...
 
 
-class RedisDecisionLog:
-    """The last `size` decisions of a job in a Redis list, next to its rescale history."""
+class StoreDecisionLog:
+    """The last `size` decisions of a job, kept by its job store next to its rescale history."""
 
-    def __init__(self, r, key: str, size: int) -> None:
-        self.r = r
-        self.key = key
+    def __init__(self, store, size: int) -> None:
+        self.store = store
         self.size = size
 
     def append(self, entry: dict) -> None:
-        pipe = self.r.pipeline()
-        pipe.rpush(self.key, json.dumps(entry))
-        pipe.ltrim(self.key, -self.size, -1)
-        pipe.execute()
+        self.store.record_decision(entry, self.size)
 
     def entries(self) -> list[dict]:
-        return [json.loads(x) for x in self.r.lrange(self.key, 0, -1)]
+        return self.store.decisions()
 
 
 class MemoryDecisionLog:

@@ -120,9 +120,6 @@ def resplit(store: RedisJobStore, max_parallelism: int) -> JobPlan:
         for kg, part in _routed(records, edge.key_by, max_parallelism):
             pipe.xadd(news[kg], encode(part, mark, [(0, width - 1)]))
             pipe.hset(keys.produced(s.tail, s.consumer), str(kg), part.num_rows)
-    for head in previous.vertices:
-        pipe.delete(keys.versions(head))
-        pipe.hset(keys.versions(head), mapping={kg: plan.version for kg in range(plan.key_groups(head))})
     for source in previous.spec.sources:
         progress = store.partitions(source.name, range(previous.key_groups(source.name)))
         store.record_cut(pipe, source.name, plan.version, {p: (step.cursor if step else 0) for p, (step, _) in

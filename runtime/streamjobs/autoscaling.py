@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.markup import escape
 from streamjobs_autoscaler.autoscaler import Autoscaler
 from streamjobs_autoscaler.collect import EndpointCollector, PrometheusCollector
-from streamjobs_autoscaler.ports import RedisDecisionLog
+from streamjobs_autoscaler.ports import StoreDecisionLog
 from streamjobs_autoscaler.topology import Topology
 
 from .local import LocalRuntime
@@ -44,5 +44,5 @@ def local_autoscaler(runtime: LocalRuntime, console: Console) -> tuple[Autoscale
     else:
         collector = EndpointCollector(runtime.jobs)
     events = ConsoleEvents(console)
-    log = RedisDecisionLog(runtime.r, runtime.keys.autoscaler_decisions, settings.history_size)
+    log = StoreDecisionLog(runtime.jobs, settings.history_size)
     return Autoscaler(Topology.of(runtime.plan), settings, collector, LocalScaler(runtime), log, events), events

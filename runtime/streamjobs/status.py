@@ -10,7 +10,6 @@ from datetime import UTC, datetime
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
-from streamjobs_autoscaler.ports import RedisDecisionLog
 from streamjobs_core.jobstore import RedisJobStore
 from streamjobs_core.plan import JobPlan
 from streamjobs_core.reconfigure import ReconfigureController
@@ -71,7 +70,7 @@ def job_status(store: RedisJobStore, plan: JobPlan, measure_s: float = 1.0) -> J
         time.sleep(measure_s)
         rows = {row["operator"]: row for row in view.rows()}
     history = [record.as_dict() for record in store.rescale_history()]
-    decisions = RedisDecisionLog(store.r, store.keys.autoscaler_decisions, 0).entries()
+    decisions = store.decisions()
     controls = store.control_history()
     control_versions = {record.version for record in controls}
     reconfiguring = store.reconfigure_state()

@@ -9,7 +9,7 @@ import pytest
 import redis
 import yaml
 from streamjobs.cli import main
-from streamjobs_core.control import InstanceAddress, ReconfigureRecord, ReconfigureState
+from streamjobs_core.control import ControlEvent, InstanceAddress, ReconfigureRecord, ReconfigureState
 from streamjobs_core.jobstore import RedisJobStore
 from streamjobs_core.keygroups import Assignment
 from streamjobs_core.savepoint import Savepoint, SavepointError, Trust, restore, take
@@ -28,7 +28,7 @@ def _with_progress(r, plan, jobs) -> None:
     r.xadd(keys.input_stream("src", 0), {"word": "a"})
     r.set(keys.snapshot("agg", 3), b"state 17")
     r.xadd(keys.kg_stream("src", "agg", 3), {"m": b"x"})
-    r.rpush(keys.control_requests, b"asked")
+    jobs.request_control(ControlEvent("e-1", "agg", "asked", {}))
     r.xadd(keys.latency_samples, {"t": "1"})
     r.pexpire(keys.latency_samples, 600_000)
     jobs.deploy(plan, owner="uid-1")

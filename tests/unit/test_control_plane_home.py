@@ -10,10 +10,12 @@ ROOT = Path(__file__).resolve().parents[2]
 CONTROL_KEYS = ("plan", "deployed_by", "control", "metrics_endpoints", "assignment", "next_assignment", "standby",
                 "standby_lag", "spares", "promotion", "demotion", "moved", "releases", "acquired", "incarnation",
                 "rescale_requests", "rescale_current", "rescale_history", "offsets", "watermarks", "attempts",
-                "failure")
+                "failure", "plans", "versions", "cut", "aligned", "reset", "reconfigure_requests",
+                "reconfigure_current", "reconfigure_history", "replies", "control_requests", "control_history",
+                "autoscaler_decisions")
 SPELLED = re.compile(rf"(?<![A-Za-z])_?keys\.({'|'.join(CONTROL_KEYS)})\b|JobKeys\([^)]*\)\.({'|'.join(CONTROL_KEYS)})\b"
                      r"|[\"']generation[\"']", re.IGNORECASE)
-HOME = {ROOT / "core/streamjobs_core/jobstore.py", ROOT / "core/streamjobs_core/layout.py"}
+HOME = {*(ROOT / "core/streamjobs_core/jobstore").glob("*.py"), ROOT / "core/streamjobs_core/layout.py"}
 
 
 def test_no_control_key_or_field_is_spelled_outside_the_job_store():
