@@ -1,5 +1,5 @@
 """The control plane's records: what the rescale controller, the fleets, the workers and the tools tell each
-other through the job store (jobstore.py).
+other through the job store (the jobstore package).
 
 Each record is a frozen value with its wire encoding beside it, so a writer and
 its readers cannot drift apart; which Redis key holds it is the store's
