@@ -34,11 +34,11 @@ from streamjobs_core.plan import JobPlan
 from streamjobs_core.spec import STATEFUL_TYPES
 from streamjobs_core.statelog import state_layout
 from streamjobs_worker import external
-from streamjobs_worker.join import on_clause, select_list, window_join_sql
-from streamjobs_worker.lookup import load_table, lookup_join
-from streamjobs_worker.over import over_sql
 from streamjobs_worker.spark import bridge
-from streamjobs_worker.stages import load_function, view_name
+from streamjobs_worker.stages.base import load_function, view_name
+from streamjobs_worker.stages.join import on_clause, select_list, window_join_sql
+from streamjobs_worker.stages.lookup import load_table, lookup_join
+from streamjobs_worker.stages.over import over_sql
 
 _READ_BYTES = 256 * 2**20  # read back in parts of at most this many bytes
 _SPILL_ROWS = 1_000_000  # rows per Parquet row group: the unit Spark reads a spilled input in

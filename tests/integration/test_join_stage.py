@@ -11,7 +11,7 @@ from streamjobs_core.keygroups import key_groups_of
 from streamjobs_core.spec import JoinStage
 from streamjobs_core.watermarks import MAX_WATERMARK
 from streamjobs_worker.inputs import InputBatch
-from streamjobs_worker.join import IntervalJoin, WindowJoin, make_join
+from streamjobs_worker.stages.join import IntervalJoin, WindowJoin, make_join
 from streamjobs_worker.state import ChangeLog, KeyGroupStore, open_store
 
 from tests.integration.late import late_rows

@@ -7,7 +7,7 @@ import pyarrow.parquet as pq
 import pytest
 from streamjobs_core.spec import LookupStage as LookupSpec
 from streamjobs_worker.inputs import InputBatch
-from streamjobs_worker.lookup import LookupStage
+from streamjobs_worker.stages.lookup import LookupStage
 from streamjobs_worker.state import open_store
 
 

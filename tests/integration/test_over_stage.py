@@ -10,7 +10,7 @@ import pyarrow as pa
 from streamjobs_core.spec import OverStage
 from streamjobs_core.watermarks import MAX_WATERMARK
 from streamjobs_worker.inputs import InputBatch
-from streamjobs_worker.over import HISTORY, WAITING, Over
+from streamjobs_worker.stages.over import HISTORY, WAITING, Over
 from streamjobs_worker.state import ChangeLog, KeyGroupStore
 
 from tests.integration.late import late_rows

@@ -10,7 +10,8 @@ import pytest
 from streamjobs_core.spec import SqlStage as SqlSpec
 from streamjobs_core.spec import WindowAggregateStage
 from streamjobs_worker.inputs import InputBatch
-from streamjobs_worker.stages import SqlStage, WindowAggregate
+from streamjobs_worker.stages.sql import SqlStage
+from streamjobs_worker.stages.window import WindowAggregate
 from streamjobs_worker.state import KeyGroupStore
 
 NAN = float("nan")

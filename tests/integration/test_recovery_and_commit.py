@@ -14,7 +14,7 @@ from streamjobs_core.spec import WindowAggregateStage
 from streamjobs_core.watermarks import MAX_WATERMARK
 from streamjobs_worker import recovery
 from streamjobs_worker.inputs import InputBatch
-from streamjobs_worker.stages import WindowAggregate
+from streamjobs_worker.stages.window import WindowAggregate
 from streamjobs_worker.state import KG, KeyGroupStore, StateLayout, open_store, replace_rows
 from streamjobs_worker.transaction import Checkpoint, Fenced, Transaction
 

@@ -10,7 +10,8 @@ from streamjobs_core.keygroups import key_groups_of
 from streamjobs_core.spec import StatefulStage
 from streamjobs_core.statelog import changelog_fields, read_changes
 from streamjobs_worker.inputs import InputBatch
-from streamjobs_worker.stages import Stateful, collect_both, state_frame
+from streamjobs_worker.stages.base import collect_both
+from streamjobs_worker.stages.stateful import Stateful, state_frame
 from streamjobs_worker.state import KeyGroupStore, open_store
 
 MAX_P = 12

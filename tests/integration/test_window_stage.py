@@ -11,7 +11,7 @@ from streamjobs_core.keygroups import key_groups_of
 from streamjobs_core.spec import WindowAggregateStage
 from streamjobs_core.watermarks import MAX_WATERMARK
 from streamjobs_worker.inputs import InputBatch
-from streamjobs_worker.stages import WindowAggregate
+from streamjobs_worker.stages.window import WindowAggregate
 from streamjobs_worker.state import KeyGroupStore, open_store
 
 from tests.integration.late import late_rows
@@ -97,7 +97,7 @@ def test_only_the_columns_a_window_reads_go_to_spark_unless_its_filter_may_read_
 
 def test_a_sql_stage_sends_spark_only_the_columns_its_query_names(spark):
     from streamjobs_core.spec import SqlStage as SqlSpec
-    from streamjobs_worker.stages import SqlStage
+    from streamjobs_worker.stages.sql import SqlStage
 
     table = batch(["a", "b"], [1, 2], [10, 20]).table("src")
     with_extra = InputBatch(tables={"src": [table.append_column(

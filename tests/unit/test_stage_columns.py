@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from streamjobs_worker.stages import mentioned
+from streamjobs_worker.stages.base import mentioned
 
 NAMES = ["auction", "bid_price", "event_time", "_ingest_ms", "x$y", "Bidder"]
 

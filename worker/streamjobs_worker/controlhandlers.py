@@ -24,7 +24,7 @@ import pyarrow as pa
 from streamjobs_core.control import ControlEvent
 from streamjobs_core.plan import JobPlan
 
-from .stages import load_function
+from .stages.base import load_function
 from .state import KeyGroupStore
 
 

@@ -35,7 +35,7 @@ import redis
 from py4j.protocol import Py4JError, Py4JNetworkError
 from pyspark.errors import QueryContextType
 
-from .stages import view_name
+from .stages.base import view_name
 
 # Words that may leave an expression outside them unevaluated for some rows (lower case).
 _CONDITIONAL = frozenset(

@@ -32,7 +32,7 @@ from streamjobs_core.plan import JobPlan
 from streamjobs_worker import phases
 from streamjobs_worker.outputs import OutputRouter
 from streamjobs_worker.sources import with_ingest_time
-from streamjobs_worker.stages import partial_sql
+from streamjobs_worker.stages.window import partial_sql
 from streamjobs_worker.transaction import Transaction
 from streamjobs_worker.worker import Worker
 
@@ -108,7 +108,7 @@ def _floor(spark, kind: str, plan: JobPlan, table: pa.Table, repeats: int) -> fl
         elif kind == "window_aggregate":
             frames = [spark.sql(partial_sql(spec))]
         else:
-            from streamjobs_worker.stages import load_function
+            from streamjobs_worker.stages.base import load_function
 
             function = load_function(spec.function)
             if kind == "pyspark":

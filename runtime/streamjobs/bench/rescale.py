@@ -46,7 +46,7 @@ from streamjobs_core.loading import parse_job
 from streamjobs_core.spec import StreamJob
 from streamjobs_core.watermarks import MAX_WATERMARK
 from streamjobs_worker.recovery import write_snapshot
-from streamjobs_worker.stages import window_state_rows
+from streamjobs_worker.stages.window import window_state_rows
 
 from ..redis_server import RedisServer
 from ..run import run_job

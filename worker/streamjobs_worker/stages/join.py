@@ -36,9 +36,9 @@ from streamjobs_core.statelog import JOIN_PREFIXES as PREFIXES
 from streamjobs_core.statelog import JOIN_STATE
 from streamjobs_core.watermarks import MAX_WATERMARK
 
-from . import phases, spark
-from .stages import LateRecords, _EventTimeStage, collect, view_name
-from .state import KG, KeyGroupStore, concat, groups_of, per_key_group, row_ids, take
+from .. import phases, spark
+from ..state import KG, KeyGroupStore, concat, groups_of, per_key_group, row_ids, take
+from .base import LateRecords, _EventTimeStage, collect, view_name
 
 _RID, _SEG, _WS, _MATCHED, _LRID = "_rid", "_seg", "_ws", "_m", "_lrid"
 _RIGHT_COLUMN = re.compile(r"\br\s*\.\s*`?([A-Za-z_][A-Za-z0-9_]*)")

@@ -26,9 +26,9 @@ from streamjobs_core.spec import OverStage
 from streamjobs_core.statelog import OVER_STATE
 from streamjobs_core.watermarks import MIN_WATERMARK
 
-from . import phases, spark
-from .stages import LateRecords, _EventTimeStage, collect, view_name
-from .state import KG, KeyGroupStore, concat, per_key_group, row_ids, take
+from .. import phases, spark
+from ..state import KG, KeyGroupStore, concat, per_key_group, row_ids, take
+from .base import LateRecords, _EventTimeStage, collect, view_name
 
 _RID, _SEG, _HISTORY = "_rid", "_seg", "_h"
 _PRE = "_pre"  # on a record waiting at a live switch: the aggregations added then, comma-separated

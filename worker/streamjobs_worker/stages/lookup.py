@@ -18,8 +18,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from streamjobs_core.spec import LookupStage as LookupSpec
 
-from . import phases
-from .stages import _SparkStage, collect
+from .. import phases
+from .base import _SparkStage, collect
 
 _KEY = "_lookup_key"
 _GLOB = str.maketrans({c: f"\\{c}" for c in "*?[]\\"})
