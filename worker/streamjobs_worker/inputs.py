@@ -142,6 +142,16 @@ class Input(Protocol):
     def switch(self, plan: JobPlan, txn: Transaction) -> None:
         """The instance runs `plan` from now."""
 
+    def offsets(self) -> dict[int, int | bytes]:
+        """Per owned source partition, where the next commit leaves it (a reconfiguration's cut); streams of
+        upstream operators have none: their consumers' progress is in the commit."""
+
+    def records_read(self) -> dict[int, int]:
+        """Per owned key group, the records read from upstream operators (a control event's sync point)."""
+
+    def lag(self) -> dict[tuple[str, int], int]:
+        """Records produced into each owned stream and not yet consumed, per (upstream, kg)."""
+
 
 class StreamInput:
     isolates = True
@@ -399,6 +409,9 @@ class StreamInput:
             edge = stream.edge
             txn.hincrby(self._plan.keys.consumed(edge.upstream, edge.downstream), str(stream.kg), stream.read_records)
             stream.read_records = 0
+
+    def offsets(self) -> dict[int, int | bytes]:
+        return {}
 
     def records_read(self) -> dict[int, int]:
         """Per owned key group: the records read from its streams so far, committed or in the batch's part

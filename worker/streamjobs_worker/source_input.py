@@ -136,6 +136,12 @@ class SourceInput:
         """Per owned partition, where the next commit leaves it: a reconfiguration's cut, when it switches."""
         return self.source.offsets()
 
+    def records_read(self) -> dict[int, int]:
+        return {}  # a source reads no upstream operator
+
+    def lag(self) -> dict[tuple[str, int], int]:
+        return {}
+
     def acquire(self, kgs) -> None:
         self.source.acquire(kgs)
 

@@ -285,8 +285,7 @@ class Worker:
         self.pacing = Pacing(plan.spec.batching, self.spec, self.is_source, runs_spark=bool(self.chain.stages))
         self.checkpoint.snapshot_every = plan.spec.state.snapshot_every_batches
         self.jobs.record_versions(txn, self.op, self.owned, version)
-        if self.is_source:
-            self.jobs.record_cut(txn, self.op, version, self.input.offsets())
+        self.jobs.record_cut(txn, self.op, version, self.input.offsets())
         self.jobs.record_aligned(txn, self.op, self.instance, version, held_ms)
         if plan.control is not None and plan.control.operator in self.chain.chain.operators:
             self._answer(plan, txn)
@@ -297,8 +296,7 @@ class Worker:
         """The chain is gone from plan `version`: its barriers went downstream, and its producers write to
         the streams of what replaced it from their own; its key groups record the switch, and it waits."""
         self.jobs.record_versions(txn, self.op, self.owned, version)
-        if self.is_source:
-            self.jobs.record_cut(txn, self.op, version, self.input.offsets())
+        self.jobs.record_cut(txn, self.op, version, self.input.offsets())
         self.jobs.record_aligned(txn, self.op, self.instance, version, held_ms)
         self.retired = True
         txn.after_commit.append(lambda: log.info("%s/%d passed plan version %d on, which removed it: waiting to be "
@@ -311,11 +309,9 @@ class Worker:
     def _answer(self, plan: JobPlan, txn: Transaction) -> None:
         """Run the control event `plan` carries at this sync point; its reply commits with the switch."""
         event = plan.control
-        offsets = {p: as_text(o) if isinstance(o, bytes) else str(o) for p, o in self.input.offsets().items()} \
-            if self.is_source else {}
+        offsets = {p: as_text(o) if isinstance(o, bytes) else str(o) for p, o in self.input.offsets().items()}
         context = ControlContext(event.operator, self.instance, plan.version, event.args, self.owned,
-                                 self.input.key_group_watermarks(), {} if self.is_source else self.input.records_read(),
-                                 offsets, self.store)
+                                 self.input.key_group_watermarks(), self.input.records_read(), offsets, self.store)
         self.jobs.record_reply(txn, event.id, event.operator, self.instance, controlhandlers.reply(event, plan, context))
 
     def _post(self, post: InputBatch) -> InputBatch:
@@ -366,9 +362,8 @@ class Worker:
     def _let_go(self, released: dict[int, int]) -> None:
         for kg in released:
             self.input.release(kg)
-            if not self.is_source:
-                for edge in self.plan.edges_in(self.op):
-                    self.metrics.drop_lag(edge.upstream, kg)
+            for edge in self.plan.edges_in(self.op):  # a source has none
+                self.metrics.drop_lag(edge.upstream, kg)
             for stage in self.chain.stages:
                 stage.release(kg)
             self.store.release(kg)
@@ -429,12 +424,12 @@ class Worker:
         Asked on every read while a batch waits: the edges are read every 0.1 s at most, as producers reread
         theirs every 0.2 s."""
         now = time.monotonic()
-        if self.is_source or not batch.records or now - self._last_producers_check < 0.1:
+        if not batch.records or now - self._last_producers_check < 0.1:
             return False
         self._last_producers_check = now
+        edges = self.plan.edges_in(self.chain.chain.head)  # a source has none
         bound = self.plan.spec.batching.max_lag_records
-        totals = edge_totals(self.r, self.plan.keys, self.plan.edges_in(self.chain.chain.head))
-        return any(produced - consumed > bound for produced, consumed in totals)
+        return any(produced - consumed > bound for produced, consumed in edge_totals(self.r, self.plan.keys, edges))
 
     def _adapt(self, batch: InputBatch, busy_s: float) -> None:
         batching = self.plan.spec.batching
@@ -456,7 +451,7 @@ class Worker:
 
     def _report_lag(self) -> None:
         now = time.monotonic()
-        if self.is_source or now - self._last_lag < _LAG_EVERY_S:
+        if now - self._last_lag < _LAG_EVERY_S:
             return
         self._last_lag = now
         for (upstream, kg), records in self.input.lag().items():
