@@ -41,11 +41,11 @@ def test_the_marker_splits_a_key_group_between_its_old_and_its_new_owner(r, plan
     write(r, plan, 2, [11], 900)
     old = StreamInput(r, jobs, plan, "agg", 0, handover.owned_by(jobs, plan, "agg", 0))
     old.restore()
-    batch = old.read(100, 0)
+    batch = old.read(0, count=100)
     assert sorted(values(batch)) == [1, 2, 10, 11]  # nothing after key group 3's marker
     assert old.handovers() == {3: 1}
     assert batch.watermarks[3] == 100 and batch.watermarks[2] == 900
-    assert values(old.read(100, 0)) == []  # a parked stream is not read again
+    assert values(old.read(0, count=100)) == []  # a parked stream is not read again
 
     txn = Transaction()
     old.add_progress(txn)
@@ -58,7 +58,7 @@ def test_the_marker_splits_a_key_group_between_its_old_and_its_new_owner(r, plan
     new = StreamInput(r, jobs, plan, "agg", 1, handover.owned_by(jobs, plan, "agg", 1))
     new.restore()
     handover.start(jobs, plan, "agg", [Move(3, 0, 1)])  # a resumed controller repeats the step
-    batch = new.read(100, 0)
+    batch = new.read(0, count=100)
     assert sorted(values(batch)) == [3, 4]  # exactly what followed the marker
     assert new.handovers() == {}  # the repeated marker names the new owner: not a handover
     assert batch.watermarks[3] == 900
@@ -89,13 +89,13 @@ def test_a_stream_committed_at_its_marker_stays_parked_after_a_restart(r, plan, 
     write(r, plan, 3, [2], 900)
     before = StreamInput(r, jobs, plan, "agg", 0, (3,))
     before.restore()
-    assert values(before.read(100, 0)) == [1]
+    assert values(before.read(0, count=100)) == [1]
     txn = Transaction()
     before.add_progress(txn)  # the offset is the marker; SIGKILL before the release
     commit(jobs, 0, txn)
     after = StreamInput(r, jobs, plan, "agg", 0, (3,))
     after.restore()
-    assert after.handovers() == {3: 1} and values(after.read(100, 0)) == []
+    assert after.handovers() == {3: 1} and values(after.read(0, count=100)) == []
 
 
 def put(r, plan, kg: int, values: list[int]) -> None:

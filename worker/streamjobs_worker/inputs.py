@@ -28,7 +28,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -37,10 +37,16 @@ from streamjobs_core.codec import DecodeError, decode, header
 from streamjobs_core.deadletters import DeadLetter, Kind
 from streamjobs_core.jobstore import JobStore
 from streamjobs_core.plan import Edge, JobPlan
+from streamjobs_core.spec import BatchingSettings
 from streamjobs_core.watermarks import MIN_WATERMARK, runs_of
 
 from . import phases
 from .transaction import Transaction
+
+if TYPE_CHECKING:
+    from .pacing import Pacing  # which reads batches of this module
+
+_MAX_ENTRIES_PER_STREAM = 4096
 
 
 @dataclass
@@ -103,8 +109,15 @@ class Input(Protocol):
     def restore(self) -> None:
         """Resume from the committed progress of the owned key groups (or source partitions)."""
 
-    def read(self, budget: int, block_ms: int) -> InputBatch:
-        """What arrived since the last read; waits up to block_ms when nothing did."""
+    def read(self, block_ms: int) -> InputBatch:
+        """What arrived since the last read, as much as the input's batch size; waits up to block_ms when
+        nothing did."""
+
+    def wait_ms(self, pacing: Pacing, pending: InputBatch | None, now: float) -> int:
+        """How long the next read may block, `pending` read before and not run yet (pacing.py)."""
+
+    def adapt(self, batch: InputBatch, busy_s: float, batching: BatchingSettings) -> None:
+        """Size the next reads after a batch that kept the worker busy busy_s."""
 
     def add_progress(self, txn: Transaction) -> None:
         """Put the progress of what was read into the transaction that commits its batch."""
@@ -160,6 +173,7 @@ class StreamInput:
                  owned: tuple[int, ...], holds: Callable[[int], bool] = lambda version: True) -> None:
         self._r = r
         self._jobs = store
+        self._entries_per_stream = 1  # per stream and read: adapt() grows it under backlog
         self._plan = plan
         self._op = op
         self._instance = instance
@@ -267,13 +281,29 @@ class StreamInput:
                 if marker is not None and marker != self._instance:
                     self._streams[name].marker = marker
 
-    def read(self, count: int, block_ms: int) -> InputBatch:
-        """Up to `count` entries per stream; blocks until an entry arrives on any of them or block_ms pass.
+    def wait_ms(self, pacing: Pacing, pending: InputBatch | None, now: float) -> int:
+        # Holding back for barriers, the batch is due when they arrive, not by time.
+        return pacing.wait_ms(None if self.holding else pending, now)
+
+    def adapt(self, batch: InputBatch, busy_s: float, batching: BatchingSettings) -> None:
+        # Under backlog a bigger batch costs little more than a small one (Spark's fixed cost dominates), so
+        # grow while the batch stays within a few targets and half maxBytes; shrink when a batch is both long
+        # and over maxRecords, or over maxBytes.
+        target = batching.target_batch_ms / 1000
+        if batch.bytes > batching.max_bytes or (busy_s > 3 * target and batch.records > batching.max_records):
+            self._entries_per_stream = max(1, self._entries_per_stream // 2)
+        elif batch.full and busy_s < 3 * target and batch.bytes < batching.max_bytes // 2:
+            self._entries_per_stream = min(_MAX_ENTRIES_PER_STREAM, self._entries_per_stream * 2)
+
+    def read(self, block_ms: int, count: int | None = None) -> InputBatch:
+        """Up to `count` entries per stream (by default as many as adapt() settled on); blocks until an entry
+        arrives on any of them or block_ms pass.
 
         The blocking wait is idle time (`waited_s`). Redis answers a blocked XREAD with the stream that
         woke it only (before 7.2): the other streams are read at once after it, or a producer's commit to
         all of them would be seen in parts, and windows would fire key group by key group, a batch apart.
         """
+        count = count or self._entries_per_stream
         batch = InputBatch()
         cursors = {name: s.cursor for name, s in self._streams.items() if s.marker is None}
         started = time.monotonic()

@@ -8,17 +8,22 @@ long, so a record that arrives wakes it.
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import redis
 from streamjobs_core import shedding
 from streamjobs_core.jobstore import JobStore
 from streamjobs_core.plan import JobPlan
+from streamjobs_core.spec import BatchingSettings
 
 from .inputs import InputBatch
 from .metrics import WorkerMetrics
 from .sources import RedisInputSource, make_source
 from .transaction import Transaction
+
+if TYPE_CHECKING:
+    from .pacing import Pacing
 
 _CONTROL_EVERY_S = 0.2
 
@@ -41,11 +46,24 @@ class SourceInput:
         self.aligning_since: float | None = None  # a source has no barriers to wait for
         self.holding = False
         self._shed_log: list[tuple[dict, int]] = []  # shed log entries and counts of the batch, not committed yet
+        batching = plan.spec.batching  # the first batches: 1,000 records, within [minRecords, maxRecords]
+        self._budget = min(batching.max_records, max(batching.min_records, 1000))
 
     def restore(self) -> None:
         self.source.restore()
 
-    def read(self, budget: int, block_ms: int) -> InputBatch:
+    def wait_ms(self, pacing: Pacing, pending: InputBatch | None, now: float) -> int:
+        return pacing.source_wait_ms(self.behind, now)
+
+    def adapt(self, batch: InputBatch, busy_s: float, batching: BatchingSettings) -> None:
+        target = batching.target_batch_ms / 1000
+        if self.behind and busy_s < target:
+            self._budget = min(batching.max_records, self._budget * 2)
+        elif busy_s > 2 * target:
+            self._budget = max(batching.min_records, self._budget // 2)
+
+    def read(self, block_ms: int) -> InputBatch:
+        budget = self._budget
         started = time.time()
         if started - self._last_control >= _CONTROL_EVERY_S:
             self._stop_requested = self._jobs.stop_requested()

@@ -50,7 +50,6 @@ from .transaction import Checkpoint, Transaction
 log = logging.getLogger(__name__)
 
 _LAG_EVERY_S = 1.0
-_MAX_ENTRIES_PER_STREAM = 4096
 _BACKPRESSURE_PAUSE_S = 0.05
 
 
@@ -114,9 +113,6 @@ class Worker:
         # In a pod the server listens on every interface; others reach it at the pod's IP.
         jobs.register(InstanceAddress(op, instance, f"{advertise_host or metrics_host}:{port}"))
 
-        self._entries_per_stream = 1
-        batching = plan.spec.batching  # a source's first batches: 1,000 records, within [minRecords, maxRecords]
-        self._source_budget = min(batching.max_records, max(batching.min_records, 1000))
         self._pending: InputBatch | None = None  # read, not yet processed: its batch is not due yet
         self._pending_busy_s = 0.0
         self._done: set[str] = set()  # chained sinks that saw the end of their input
@@ -250,7 +246,7 @@ class Worker:
         else:
             self.metrics.idle_seconds.inc(busy)  # a watermark-only batch: bookkeeping, not useful work
         self.pacing.ran(batch, busy, time.monotonic())
-        self._adapt(batch, busy)
+        self.input.adapt(batch, busy, self.plan.spec.batching)
         self._report_lag()
 
     def _process(self, batch: InputBatch, txn: Transaction) -> int:
@@ -329,14 +325,7 @@ class Worker:
     def _read(self) -> tuple[InputBatch, float]:
         """The input read so far: what was pending, and what arrived since (waiting at most until it is due);
         and how long this read waited."""
-        if self.is_source:
-            batch = self.input.read(self._source_budget,
-                                    self.pacing.source_wait_ms(self.input.behind, time.monotonic()))
-            return batch, batch.waited_s
-        # Holding back for barriers, the batch is due when they arrive, not by time.
-        holding = self.input.holding
-        block_ms = self.pacing.wait_ms(None if holding else self._pending, time.monotonic())
-        read = self.input.read(self._entries_per_stream, block_ms)
+        read = self.input.read(self.input.wait_ms(self.pacing, self._pending, time.monotonic()))
         batch = read
         if self._pending is not None:
             self._pending.absorb(read)
@@ -430,24 +419,6 @@ class Worker:
         edges = self.plan.edges_in(self.chain.chain.head)  # a source has none
         bound = self.plan.spec.batching.max_lag_records
         return any(produced - consumed > bound for produced, consumed in edge_totals(self.r, self.plan.keys, edges))
-
-    def _adapt(self, batch: InputBatch, busy_s: float) -> None:
-        batching = self.plan.spec.batching
-        target = batching.target_batch_ms / 1000
-        if self.is_source:
-            if self.input.behind and busy_s < target:
-                self._source_budget = min(batching.max_records, self._source_budget * 2)
-            elif busy_s > 2 * target:
-                self._source_budget = max(batching.min_records, self._source_budget // 2)
-            return
-        # Under backlog a bigger batch costs little more than a small one (Spark's
-        # fixed cost dominates), so grow while the batch stays within a few
-        # targets and half maxBytes; shrink when a batch is both long and over
-        # maxRecords, or over maxBytes.
-        if batch.bytes > batching.max_bytes or (busy_s > 3 * target and batch.records > batching.max_records):
-            self._entries_per_stream = max(1, self._entries_per_stream // 2)
-        elif batch.full and busy_s < 3 * target and batch.bytes < batching.max_bytes // 2:
-            self._entries_per_stream = min(_MAX_ENTRIES_PER_STREAM, self._entries_per_stream * 2)
 
     def _report_lag(self) -> None:
         now = time.monotonic()
