@@ -5,9 +5,12 @@ against kmock's emulated API server with real Redis and worker processes; the ch
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import pytest
+
+from tests.hang_dump import dump_jvms
 
 _LAYERS = ("unit", "integration", "e2e", "operator")
 
@@ -39,6 +42,20 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         for layer in _LAYERS:
             if layer in parts:
                 item.add_marker(getattr(pytest.mark, layer))
+
+
+@pytest.fixture(autouse=True)
+def _jvm_dump_before_timeout(request):
+    """The JVMs' threads 30 s before pytest-timeout fails a hung test (which prints the Python threads)."""
+    timeout = float(request.config.getini("timeout") or 0)
+    if timeout <= 30:
+        yield
+        return
+    timer = threading.Timer(timeout - 30, dump_jvms, args=(f"{request.node.nodeid} runs {timeout - 30:.0f} s",))
+    timer.daemon = True
+    timer.start()
+    yield
+    timer.cancel()
 
 
 @pytest.fixture(scope="session")
