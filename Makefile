@@ -29,9 +29,10 @@ $(VENV)/.installed: pyproject.toml
 	  || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null)
 	@touch $@
 
-# The class archive every worker JVM maps to start sooner (worker/streamjobs_worker/jvm_archive.py):
-# built once per installation (~25 s), a no-op when it is there.
+# The class archive every worker JVM maps to start sooner (worker/streamjobs_worker/jvm_archive.py),
+# and the worker's own JVM classes (jvm_helpers.py): built once per installation (~25 s), no-ops when there.
 jvm-archive: $(VENV)/.installed
+	$(BIN)/python -m streamjobs_worker.jvm_helpers
 	$(BIN)/python -m streamjobs_worker.jvm_archive
 
 demo: setup

@@ -19,7 +19,9 @@ ENV JAVA_HOME=/usr/lib/jvm/java-17-openjdk-amd64 \
     PYTHONPATH=/app/udfs \
     # Built into the image (the root filesystem is read-only in the pods): the JVM maps Spark's classes
     # from it and starts in about 60 % of the time (worker/streamjobs_worker/jvm_archive.py).
-    STREAMJOBS_JVM_ARCHIVE=/app/spark-classes.jsa
+    STREAMJOBS_JVM_ARCHIVE=/app/spark-classes.jsa \
+    # The worker's own JVM classes, compiled against this image's Spark (worker/streamjobs_worker/jvm_helpers.py).
+    STREAMJOBS_JVM_HELPERS=/app/streamjobs-helpers.jar
 
 WORKDIR /app
 # Dependencies first, so a code change does not reinstall PySpark.
@@ -29,7 +31,13 @@ COPY worker worker
 COPY autoscaler autoscaler
 COPY operator operator
 COPY runtime runtime
-RUN pip install . && mkdir -p /app/udfs && python -m streamjobs_worker.jvm_archive
+# javac only while the helpers compile: the image keeps the JRE.
+RUN pip install . && mkdir -p /app/udfs \
+ && apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends openjdk-17-jdk-headless \
+ && python -m streamjobs_worker.jvm_helpers \
+ && apt-get purge -y openjdk-17-jdk-headless && apt-get autoremove -y && rm -rf /var/lib/apt/lists/* \
+ && python -m streamjobs_worker.jvm_archive
 
 # Non-root, numeric (runAsNonRoot checks a numeric UID).
 RUN useradd --uid 10001 --user-group --no-create-home --home-dir /tmp streamjobs

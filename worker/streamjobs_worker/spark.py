@@ -20,7 +20,7 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
-from . import jvm_archive
+from . import jvm_archive, jvm_helpers
 
 _thread = threading.local()
 
@@ -53,7 +53,7 @@ def _process_session(master: str | None = None, memory: str | None = None,
     java_options = f"{java_options} {os.environ.get('STREAMJOBS_JAVA_OPTIONS', '')}".strip()
     # Small local sessions: many workers share few cores, and batches are small
     # enough that one shuffle partition beats Spark's default of 200.
-    spark = (
+    builder = (
         SparkSession.builder.master(master or os.environ.get("STREAMJOBS_SPARK_MASTER", "local[1]"))
         .appName("streamjobs-worker")
         .config("spark.ui.enabled", "false")
@@ -74,8 +74,12 @@ def _process_session(master: str | None = None, memory: str | None = None,
         .config("spark.sql.runSQLOnFiles", "false")
         .config("spark.driver.memory", memory or os.environ.get("STREAMJOBS_SPARK_MEMORY", "1g"))
         .config("spark.driver.extraJavaOptions", f"-XX:+UseSerialGC {java_options or ''}".strip())
-        .getOrCreate()
     )
+    helpers = jvm_helpers.jar()
+    if helpers is not None:
+        # On the session's class loader, not the JVM's class path, which the class archive is checked against.
+        builder = builder.config("spark.jars", str(helpers))
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     _warm_up(spark)
     return spark
@@ -86,7 +90,27 @@ def _warm_up(spark: SparkSession) -> None:
     # JIT); pay that before the worker reports ready, not on the first batch,
     # on the path batches take.
     arrow = bridge(spark)
-    arrow.table(arrow.frame(pa.table({"k": ["a", "b", "a"], "v": [1, 2, 3]})).groupBy("k").sum("v"))
+    table = pa.table({"k": ["a", "b", "a"], "v": [1, 2, 3]})
+    arrow.table(arrow.frame(table).groupBy("k").sum("v"))
+    if has_helpers(spark):  # and the first planned query's (prepared.py)
+        slot = f"warm-up-{id(spark)}"
+        arrow.load(slot, table)
+        try:
+            arrow.table(arrow.slot_frame(slot, table.schema).coalesce(1).groupBy("k").sum("v"))
+        finally:
+            spark._jvm.streamjobs.jvm.CurrentBatch.free(slot)
+
+
+def has_helpers(session: SparkSession) -> bool:
+    """Whether the session loaded the worker's own JVM classes (jvm_helpers.py)."""
+    return _loaded(session.sparkContext)
+
+
+@functools.cache
+def _loaded(context) -> bool:
+    from py4j.java_gateway import JavaClass
+
+    return isinstance(context._jvm.streamjobs.jvm.Reuse, JavaClass)
 
 
 class ArrowBridge:
@@ -101,7 +125,25 @@ class ArrowBridge:
 
     def frame(self, table: pa.Table) -> DataFrame:
         """The table as one partition of a DataFrame (columnar in its task, no LocalRelation of rows)."""
-        target, schema_json, struct = self.spark_schema(table.schema)
+        _, schema_json, struct = self.spark_schema(table.schema)
+        batches = self._through_file(table, self._utils.readArrowStreamFromFile)
+        frame = DataFrame(self._utils.toDataFrame(batches, schema_json, self._jsession), self._spark)
+        frame._schema = struct
+        return frame
+
+    def load(self, slot: str, table: pa.Table) -> None:
+        """The table becomes what the current-batch relation `slot` holds (jvm/CurrentBatch.java)."""
+        helpers = self._spark._jvm.streamjobs.jvm.CurrentBatch
+        self._through_file(table, functools.partial(helpers.load, slot))
+
+    def slot_frame(self, slot: str, schema: pa.Schema) -> DataFrame:
+        """A DataFrame over the current-batch relation `slot`, whose batches have `schema`."""
+        return self._spark.read.format("streamjobs.jvm.CurrentBatch").schema(self.spark_schema(schema)[2]) \
+            .option("slot", slot).load()
+
+    def _through_file(self, table: pa.Table, read):
+        """`read(path)` of the table written as one Arrow IPC batch of Spark's types; the JVM reads it eagerly."""
+        target = self.spark_schema(table.schema)[0]
         if table.schema != target:
             table = table.cast(target)
         with tempfile.NamedTemporaryFile(dir=self._temp_dir, delete=False) as file:
@@ -109,12 +151,9 @@ class ArrowBridge:
             with pa.ipc.new_stream(file, target) as writer:
                 writer.write_table(table.combine_chunks(), max_chunksize=max(1, table.num_rows))
         try:
-            batches = self._utils.readArrowStreamFromFile(path)
+            return read(path)
         finally:
-            os.unlink(path)  # the JVM read it eagerly
-        frame = DataFrame(self._utils.toDataFrame(batches, schema_json, self._jsession), self._spark)
-        frame._schema = struct
-        return frame
+            os.unlink(path)
 
     def spark_schema(self, schema: pa.Schema) -> tuple[pa.Schema, str, StructType]:
         """(the Arrow schema Spark takes, its Spark schema as JSON, as a StructType), per input schema."""

@@ -14,6 +14,7 @@ import pyarrow.compute as pc
 from streamjobs_core.watermarks import MAX_WATERMARK, MIN_WATERMARK
 
 from .. import phases, pushdown, spark
+from ..prepared import PreparedQueries
 from ..state import KeyGroupStore
 
 
@@ -49,6 +50,7 @@ class _SparkStage:
         # from a plan; and the inputs of the batch at hand whose filter its plan is to tell (their relation ids)
         self._pushed: dict[tuple[str, pa.Schema], Any] = {}
         self._learning: dict[str, int] = {}
+        self._prepared = PreparedQueries(self.spark)
 
     def reconfigure(self, spec) -> None:
         """A live change (reconfigure.py) to fields the state does not depend on: the state stays."""
@@ -56,6 +58,7 @@ class _SparkStage:
         self._read_views = self._views()
         self._kept = {}
         self._pushed = {}
+        self._prepared = PreparedQueries(self.spark)
 
     # Whether the stage calls _learn_pushdown with the query that reads its inputs (pushdown.py)
     _pushes_down = False
@@ -76,10 +79,10 @@ class _SparkStage:
             known = self._kept[key] = self._columns(names)
         return known
 
-    def _register_inputs(self, batch) -> Any:
-        """Register the views the stage reads (each input, and their union as `input`); return the union."""
-        views = self._read_views
-        union = None
+    def _input_tables(self, batch) -> dict[str, pa.Table]:
+        """Each input's table of this batch as the stage reads it: only the columns it may read; an input absent
+        from the batch empty in its last schema (left out if never met)."""
+        tables = {}
         for upstream in self.spec.inputs:
             table = batch.table(upstream)
             if table is not None and len(kept := self._kept_of(table.column_names)) < table.num_columns:
@@ -90,16 +93,34 @@ class _SparkStage:
                 table = self._schemas[upstream].empty_table()
             else:
                 continue
+            tables[upstream] = table
+        return tables
+
+    def _register_inputs(self, batch) -> Any:
+        """Register the views the stage reads over this batch's inputs; return their union."""
+        return self._register_tables(self._input_tables(batch))
+
+    def _register_tables(self, tables: dict[str, pa.Table]) -> Any:
+        frames = {}
+        for upstream, table in tables.items():
             learn = self._pushes_down and table.num_rows and (upstream, table.schema) not in self._pushed
             if self._pushes_down and not learn:
                 table = self._filtered(upstream, table)
             with phases.phase("to_jvm"):
-                frame = spark.bridge(self.spark).frame(table)
+                frames[upstream] = frame = spark.bridge(self.spark).frame(table)
                 if learn:
                     self._learning[upstream] = pushdown.relation_id(frame)
-                # One chunk, one partition: Spark would otherwise make a partition per tiny entry, and an
-                # aggregation over a single partition needs no exchange.
-                df = frame.coalesce(1)
+        return self._register(frames)
+
+    def _register(self, frames: dict[str, Any]) -> Any:
+        """Register the views the stage reads (each input, and their union as `input`) over the inputs' frames;
+        return the union."""
+        views = self._read_views
+        union = None
+        for upstream, frame in frames.items():
+            # One chunk, one partition: Spark would otherwise make a partition per tiny entry, and an
+            # aggregation over a single partition needs no exchange.
+            df = frame.coalesce(1)
             if self.spec.where:
                 df = df.filter(self.spec.where)
             if view_name(upstream) in views:
@@ -108,6 +129,28 @@ class _SparkStage:
         if "input" in views:
             union.createOrReplaceTempView("input")
         return union
+
+    def _query(self, batch, sql: str) -> pa.Table:
+        """The result of the stage's SQL over this batch's inputs: planned once per input schemas where that plan
+        may run again (prepared.py), once pushdown learned its filters; else planned over this batch."""
+        tables = self._input_tables(batch)
+        learnt = not self._pushes_down or all(not t.num_rows or (u, t.schema) in self._pushed for u, t in tables.items())
+        if learnt:
+            key = (sql, tuple((u, t.schema) for u, t in tables.items()))
+            filtered = {u: self._filtered(u, t) for u, t in tables.items()}
+
+            def planned(frames: dict[str, Any]) -> Any:
+                self._register(frames)
+                return self.spark.sql(sql)
+
+            result = self._prepared.run(key, filtered, planned)
+            if result is not None:
+                return result
+        self._register_tables(tables)
+        with phases.phase("plan"):
+            df = self.spark.sql(sql)
+            self._learn_pushdown(df)
+        return collect(df)
 
     def _filtered(self, upstream: str, table: pa.Table) -> pa.Table:
         pushed = self._pushed.get((upstream, table.schema))

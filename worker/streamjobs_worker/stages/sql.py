@@ -24,11 +24,7 @@ class SqlStage(_SparkStage):
     def process(self, batch, watermark: int) -> tuple[pa.Table | None, int]:
         if not batch.records:
             return None, watermark
-        self._register_inputs(batch)
-        with phases.phase("plan"):
-            df = self.spark.sql(self.spec.query)
-            self._learn_pushdown(df)
-        return collect(df), watermark
+        return self._query(batch, self.spec.query), watermark
 
 
 class PySparkStage(_SparkStage):

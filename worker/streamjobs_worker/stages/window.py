@@ -185,11 +185,7 @@ class WindowAggregate(_EventTimeStage):
         return np.sort(kept.column("_late_row").to_numpy())
 
     def _add(self, batch) -> None:
-        self._register_inputs(batch)
-        with phases.phase("plan"):
-            df = self.spark.sql(partial_sql(self.spec))
-            self._learn_pushdown(df)
-        partials = collect(df)
+        partials = self._query(batch, partial_sql(self.spec))
         if not partials.num_rows:
             return
         with phases.phase("state"):
