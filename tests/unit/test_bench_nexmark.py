@@ -8,14 +8,17 @@ import pytest
 from streamjobs.bench import nexmark
 from streamjobs.bench.flink import nexmark_sql
 from streamjobs_core import generators
+from streamjobs_core.loading import load_document
 
 
 @pytest.mark.parametrize("query", nexmark.QUERIES)
-def test_every_query_is_its_example_bounded_fast_into_redis_with_flink_sql_and_a_note(query, tmp_path):
-    job = nexmark.bench_job(query, 50_000)
+def test_every_query_is_its_example_bounded_fast_into_its_own_sinks_with_flink_sql_and_a_note(query, tmp_path):
+    job = nexmark.bench_job(query, 50_000, tmp_path / "out")
     source = job.spec.sources[0]
     assert source.total_records == 50_000 and source.rate.records_per_second == nexmark.EVENT_RATE
-    assert {sink.type for sink in job.spec.sinks} == {"redis_stream"}
+    assert [sink.type for sink in job.spec.sinks] == [sink["type"] for sink in
+                                                      load_document(nexmark.example(query))["spec"]["sinks"]]
+    assert all(sink.path == str(tmp_path / "out") for sink in job.spec.sinks if sink.type == "parquet")
     assert job.spec.batching.max_lag_records == nexmark.MAX_LAG_RECORDS
     assert all(op.parallelism == 1 for op in job.spec.operators)  # as Flink's
     flink = nexmark_sql.query_job(query, str(tmp_path / "events.csv"), source.out_of_order_ms, 50_000,
