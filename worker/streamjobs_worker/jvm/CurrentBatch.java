@@ -3,6 +3,9 @@ package streamjobs.jvm;
 import java.io.FileInputStream;
 import java.io.IOException;
 import java.io.Serializable;
+import java.util.ArrayList;
+import java.util.Iterator;
+import java.util.List;
 import java.util.Map;
 import java.util.Set;
 import java.util.concurrent.ConcurrentHashMap;
@@ -47,7 +50,7 @@ public final class CurrentBatch implements TableProvider {
         try (FileInputStream in = new FileInputStream(path)) {
             ArrowStreamReader reader = new ArrowStreamReader(in, allocator);
             VectorSchemaRoot root = reader.getVectorSchemaRoot();
-            java.util.List<ColumnarBatch> batches = new java.util.ArrayList<>();
+            List<ColumnarBatch> batches = new ArrayList<>();
             long rows = 0;
             while (reader.loadNextBatch()) {
                 VectorSchemaRoot copy = VectorSchemaRoot.create(root.getSchema(), allocator);
@@ -86,7 +89,7 @@ public final class CurrentBatch implements TableProvider {
         return SLOTS.keySet();
     }
 
-    private record Loaded(BufferAllocator allocator, java.util.List<ColumnarBatch> batches) {
+    private record Loaded(BufferAllocator allocator, List<ColumnarBatch> batches) {
         void free() {
             for (ColumnarBatch batch : batches) {
                 batch.close();
@@ -185,7 +188,7 @@ public final class CurrentBatch implements TableProvider {
             if (loaded == null) {
                 throw new IllegalStateException("slot " + slot + " holds no batch");
             }
-            java.util.Iterator<ColumnarBatch> batches = loaded.batches().iterator();
+            Iterator<ColumnarBatch> batches = loaded.batches().iterator();
             return new PartitionReader<>() {
                 private ColumnarBatch current;
 
