@@ -62,7 +62,7 @@ class PreparedQueries:
                 for name, table in tables.items():
                     bridge.load(planned.slots[name], table)
             with phases.phase("execute"):
-                return bridge.table(planned.query)
+                return bridge.run_here(planned.query)
         finally:
             self._free(planned)
 
@@ -86,6 +86,6 @@ class PreparedQueries:
         return planned
 
     def _free(self, planned: _Plan) -> None:
-        helpers = self._spark._jvm.streamjobs.jvm.CurrentBatch
+        bridge = spark.bridge(self._spark)
         for slot in planned.slots.values():
-            helpers.free(slot)
+            bridge.free(slot)

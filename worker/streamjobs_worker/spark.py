@@ -60,6 +60,14 @@ def _process_session(master: str | None = None, memory: str | None = None,
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "1")
         .config("spark.sql.adaptive.enabled", "false")
+        # A join of two single partitions needs no shuffle, but Spark keeps them unshuffled only while their
+        # estimated sizes are at most maxSinglePartitionBytes, and a batch's relation has no estimate: it
+        # counted as 8 EiB (the default size), a union of two as more. Each side of a join took a shuffle per
+        # batch, and a plan with one cannot run again (prepared.py). Broadcasting, which the small default
+        # size would choose, is a job of its own per batch where one partition needs none.
+        .config("spark.sql.defaultSizeInBytes", str(2**20))
+        .config("spark.sql.maxSinglePartitionBytes", str(2**63 - 1))
+        .config("spark.sql.autoBroadcastJoinThreshold", "-1")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.sql.execution.arrow.localRelationThreshold", "0")
         .config("spark.sql.execution.arrow.maxRecordsPerBatch", "1000000")
@@ -98,7 +106,7 @@ def _warm_up(spark: SparkSession) -> None:
         try:
             arrow.table(arrow.slot_frame(slot, table.schema).coalesce(1).groupBy("k").sum("v"))
         finally:
-            spark._jvm.streamjobs.jvm.CurrentBatch.free(slot)
+            arrow.free(slot)
 
 
 def has_helpers(session: SparkSession) -> bool:
@@ -122,6 +130,11 @@ class ArrowBridge:
         self._jsession = spark._jsparkSession
         self._temp_dir = spark.sparkContext._temp_dir
         self._schemas: dict[pa.Schema, tuple[pa.Schema, str, object]] = {}
+        # Py4J resolves a dotted name one part at a time, each a class lookup through every jar of Spark's
+        # (~10 % of a small join's JVM time when it was done per batch): the helpers' class is resolved once.
+        self._current_batch = spark._jvm.streamjobs.jvm.CurrentBatch
+        self._local_run = spark._jvm.streamjobs.jvm.LocalRun
+        self._large_types = spark.conf.get("spark.sql.execution.arrow.useLargeVarTypes", "false") == "true"
 
     def frame(self, table: pa.Table) -> DataFrame:
         """The table as one partition of a DataFrame (columnar in its task, no LocalRelation of rows)."""
@@ -133,8 +146,11 @@ class ArrowBridge:
 
     def load(self, slot: str, table: pa.Table) -> None:
         """The table becomes what the current-batch relation `slot` holds (jvm/CurrentBatch.java)."""
-        helpers = self._spark._jvm.streamjobs.jvm.CurrentBatch
-        self._through_file(table, functools.partial(helpers.load, slot))
+        self._through_file(table, functools.partial(self._current_batch.load, slot))
+
+    def free(self, slot: str) -> None:
+        """The slot holds no batch any more."""
+        self._current_batch.free(slot)
 
     def slot_frame(self, slot: str, schema: pa.Schema) -> DataFrame:
         """A DataFrame over the current-batch relation `slot`, whose batches have `schema`."""
@@ -166,8 +182,26 @@ class ArrowBridge:
             known = self._schemas[schema] = (target, struct.json(), struct)
         return known
 
-    @staticmethod
-    def table(frame: DataFrame) -> pa.Table:
+    def run_here(self, frame: DataFrame) -> pa.Table:
+        """Run a query over current-batch relations that Reuse let run again (one partition, no exchange) on the
+        JVM's calling thread, not as a job (jvm/LocalRun.java); its result comes back through a file."""
+        descriptor, path = tempfile.mkstemp(dir=self._temp_dir)
+        os.close(descriptor)
+        try:
+            self._local_run.toArrowFile(frame._jdf, path)
+            with pa.OSFile(path) as file:
+                return pa.ipc.open_stream(file).read_all()
+        finally:
+            os.unlink(path)
+
+    def arrow_schema(self, frame: DataFrame) -> pa.Schema:
+        """The Arrow schema of the frame's result, as toArrow() types it."""
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        return to_arrow_schema(frame.schema, error_on_duplicated_field_names_in_struct=True, timezone="UTC",
+                               prefers_large_types=self._large_types)
+
+    def table(self, frame: DataFrame) -> pa.Table:
         """Run the query and collect its result as Arrow, batches in order."""
         from pyspark.errors.exceptions.captured import unwrap_spark_exception
         from pyspark.sql.pandas.serializers import ArrowCollectSerializer
@@ -180,8 +214,8 @@ class ArrowBridge:
         finally:
             with unwrap_spark_exception():
                 server.getResult()  # the query's error, if it failed, as a PySpark exception
-        if not batches:
-            return frame.toArrow()  # no batch carries the schema of an empty result: ask Spark for it
+        if not batches:  # no batch carries the schema of an empty result (toArrow() would run the query again)
+            return self.arrow_schema(frame).empty_table()
         return pa.Table.from_batches(batches)
 
 

@@ -152,6 +152,25 @@ class _SparkStage:
             self._learn_pushdown(df)
         return collect(df)
 
+    def _over_views(self, tables: dict[str, pa.Table], sql: str) -> pa.Table:
+        """The result of `sql` over `tables`, each the view of its name in one partition: planned once per input
+        schemas where that plan may run again (prepared.py), else over this batch."""
+
+        def registered(frames: dict[str, Any]) -> Any:
+            for view, frame in frames.items():
+                frame.coalesce(1).createOrReplaceTempView(view)
+            return self.spark.sql(sql)
+
+        result = self._prepared.run((sql, tuple((v, t.schema) for v, t in tables.items())), tables, registered)
+        if result is not None:
+            return result
+        bridge = spark.bridge(self.spark)
+        with phases.phase("to_jvm"):
+            frames = {view: bridge.frame(table) for view, table in tables.items()}
+        with phases.phase("plan"):
+            df = registered(frames)
+        return collect(df)
+
     def _filtered(self, upstream: str, table: pa.Table) -> pa.Table:
         pushed = self._pushed.get((upstream, table.schema))
         if pushed is None or not table.num_rows:
@@ -277,11 +296,7 @@ def _nullable(schema):
 
 def _unnest(table: pa.Table, name: str, df) -> pa.Table:
     """One DataFrame's rows of the union, typed as its own toArrow() would type them."""
-    from pyspark.sql.pandas.types import to_arrow_schema
-
-    large = df.sparkSession.conf.get("spark.sql.execution.arrow.useLargeVarTypes", "false") == "true"
-    schema = to_arrow_schema(df.schema, error_on_duplicated_field_names_in_struct=True, timezone="UTC",
-                             prefers_large_types=large)
+    schema = spark.bridge(df.sparkSession).arrow_schema(df)
     column = table.column(name)
     rows = column.filter(pc.is_valid(column)).combine_chunks()
     return pa.Table.from_struct_array(rows).cast(schema) if len(rows) else schema.empty_table()

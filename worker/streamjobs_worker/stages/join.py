@@ -36,9 +36,9 @@ from streamjobs_core.statelog import JOIN_PREFIXES as PREFIXES
 from streamjobs_core.statelog import JOIN_STATE
 from streamjobs_core.watermarks import MAX_WATERMARK
 
-from .. import phases, spark
+from .. import phases
 from ..state import KG, KeyGroupStore, concat, groups_of, per_key_group, row_ids, take
-from .base import LateRecords, _EventTimeStage, collect, view_name
+from .base import LateRecords, _EventTimeStage, view_name
 
 _RID, _SEG, _WS, _MATCHED, _LRID = "_rid", "_seg", "_ws", "_m", "_lrid"
 _RIGHT_COLUMN = re.compile(r"\br\s*\.\s*`?([A-Za-z_][A-Za-z0-9_]*)")
@@ -162,16 +162,6 @@ class _Join(_EventTimeStage):
                 raise ValueError(f"{self.spec.name}: key column '{a}' of '{self.spec.inputs[0]}' is {ta}, "
                                  f"'{b}' of '{self.spec.inputs[1]}' is {tb}: equal keys must share a type")
 
-    def _run(self, views: dict[str, pa.Table], query: str) -> pa.Table:
-        bridge = spark.bridge(self.spark)
-        with phases.phase("to_jvm"):
-            for view, table in views.items():
-                bridge.frame(table).coalesce(1).createOrReplaceTempView(view)
-        with phases.phase("plan"):
-            df = self.spark.sql(query)
-        return collect(df)
-
-
 class WindowJoin(_Join):
     def __init__(self, spec: JoinStage, store: KeyGroupStore, max_parallelism: int) -> None:
         super().__init__(spec, store, max_parallelism)
@@ -251,7 +241,7 @@ class WindowJoin(_Join):
             rights = self._schema(1, lefts.schema).append(pa.field(_WS, pa.int64())).empty_table()
         self._check_keys(lefts.schema, rights.schema)
         views = {f"{self._view}__left": lefts, f"{self._view}__right": rights}
-        out = self._run(views, window_join_sql(self.spec, *views, lefts.column_names, rights.column_names))
+        out = self._over_views(views, window_join_sql(self.spec, *views, lefts.column_names, rights.column_names))
         return out if out.num_rows else None
 
 
@@ -392,7 +382,7 @@ class IntervalJoin(_Join):
         right_schema = next(iter(rights.values())).schema
         self._check_keys(left_schema, right_schema)
         views = {f"{self._view}__{n}": t for n, t in {**lefts, **rights}.items()}
-        out = self._run(views, self._sql(left_schema.names, right_schema.names))
+        out = self._over_views(views, self._sql(left_schema.names, right_schema.names))
         matched = np.unique(out.column(_LRID).drop_null().to_numpy()) if out.num_rows else none
         out = out.drop_columns([_LRID])
         return (out if out.num_rows else None), matched
@@ -421,13 +411,15 @@ class IntervalJoin(_Join):
         def side(name: str) -> str:
             return _filtered(self.spec, f"{v}__{name}")
 
-        parts = [f"SELECT {met}, l.{_RID} AS {_LRID} FROM {side('ln')} l JOIN "
-                 f"(SELECT * FROM {side('rn')} UNION ALL SELECT * FROM {side('ro')}) r ON {on}",
+        # Every right row, in one partition: a union of two is two, and joining that took a shuffle per batch.
+        rights = f"(SELECT /*+ COALESCE(1) */ * FROM (SELECT * FROM {side('rn')} UNION ALL SELECT * FROM {side('ro')}))"
+        parts = [f"SELECT {met}, l.{_RID} AS {_LRID} FROM {side('ln')} l JOIN {rights} r ON {on}",
                  f"SELECT {met}, l.{_RID} AS {_LRID} FROM {side('lo')} l JOIN {side('rn')} r ON {on}"]
         if self.spec.how == "left":
             # A stored row can have met only new right rows here; a new one any right row.
-            unmet = (f"(SELECT l.* FROM {side('lp')} l LEFT ANTI JOIN (SELECT * FROM {side('rn')} "
-                     f"UNION ALL SELECT * FROM {side('ro')}) r ON {on})")
+            # Not LEFT ANTI JOIN: Spark moves that below its left side's one partition, which then takes a shuffle.
+            unmet = (f"(SELECT l.* FROM {side('lp')} l LEFT JOIN (SELECT *, true AS _hit FROM {rights}) r ON {on} "
+                     f"WHERE r._hit IS NULL)")
             own = "l._ingest_ms" if "_ingest_ms" in left_columns else "CAST(NULL AS BIGINT)"
             parts.append(f"SELECT {select}, l.event_time + {self._upper} AS event_time, {own} AS _ingest_ms, "
                          f"CAST(NULL AS BIGINT) AS {_LRID} FROM {unmet} l LEFT JOIN {v}__rn r ON false")

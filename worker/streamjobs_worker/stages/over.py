@@ -26,9 +26,9 @@ from streamjobs_core.spec import OverStage
 from streamjobs_core.statelog import OVER_STATE
 from streamjobs_core.watermarks import MIN_WATERMARK
 
-from .. import phases, spark
+from .. import phases
 from ..state import KG, KeyGroupStore, concat, per_key_group, row_ids, take
-from .base import LateRecords, _EventTimeStage, collect, view_name
+from .base import LateRecords, _EventTimeStage, view_name
 
 _RID, _SEG, _HISTORY = "_rid", "_seg", "_h"
 _PRE = "_pre"  # on a record waiting at a live switch: the aggregations added then, comma-separated
@@ -145,12 +145,8 @@ class Over(_EventTimeStage):
             kept = [c for c in columns if c in history.column_names]
             parts.append(history.select(kept).append_column(_HISTORY, pa.repeat(True, history.num_rows)))
         both = concat(parts)  # nullable where the records kept or waiting from before the column was gained lack it
-        with phases.phase("to_jvm"):
-            spark.bridge(self.spark).frame(both).coalesce(1).createOrReplaceTempView(self._view)
-        with phases.phase("plan"):
-            df = self.spark.sql(f"SELECT * FROM ({over_sql(self.spec, self._view, [*columns, *marked, _HISTORY])}) "
-                                f"WHERE NOT {_HISTORY}")
-        out = collect(df).drop_columns([_HISTORY])
+        sql = f"SELECT * FROM ({over_sql(self.spec, self._view, [*columns, *marked, _HISTORY])}) WHERE NOT {_HISTORY}"
+        out = self._over_views({self._view: both}, sql).drop_columns([_HISTORY])
         if marked:
             out = _without_added(out, [a.as_ for a in self.spec.aggregations])
         return out if out.num_rows else None
