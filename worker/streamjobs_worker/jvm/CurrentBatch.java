@@ -45,13 +45,12 @@ public final class CurrentBatch implements TableProvider {
     private static final Map<String, Loaded> SLOTS = new ConcurrentHashMap<>();
 
     /** The Arrow IPC stream at path (one schema, the slot's) becomes the slot's batch; the previous is freed. */
-    public static long load(String slot, String path) throws IOException {
+    public static void load(String slot, String path) throws IOException {
         BufferAllocator allocator = ArrowUtils.rootAllocator().newChildAllocator("slot " + slot, 0, Long.MAX_VALUE);
         try (FileInputStream in = new FileInputStream(path)) {
             ArrowStreamReader reader = new ArrowStreamReader(in, allocator);
             VectorSchemaRoot root = reader.getVectorSchemaRoot();
             List<ColumnarBatch> batches = new ArrayList<>();
-            long rows = 0;
             while (reader.loadNextBatch()) {
                 VectorSchemaRoot copy = VectorSchemaRoot.create(root.getSchema(), allocator);
                 for (int i = 0; i < root.getFieldVectors().size(); i++) {
@@ -63,21 +62,19 @@ public final class CurrentBatch implements TableProvider {
                     columns[i] = new KeptColumn((FieldVector) copy.getVector(i));
                 }
                 batches.add(new ColumnarBatch(columns, copy.getRowCount()));
-                rows += copy.getRowCount();
             }
             reader.close();
             Loaded previous = SLOTS.put(slot, new Loaded(allocator, batches));
             if (previous != null) {
                 previous.free();
             }
-            return rows;
         } catch (IOException | RuntimeException e) {
             allocator.close();
             throw e;
         }
     }
 
-    /** Frees the slot's batch: a stage does when it is closed. */
+    /** Frees the slot's batch: after every run of a query over it (prepared.py), a failed one too. */
     public static void free(String slot) {
         Loaded previous = SLOTS.remove(slot);
         if (previous != null) {

@@ -135,8 +135,8 @@ class _SparkStage:
         may run again (prepared.py), once pushdown learned its filters; else planned over this batch."""
         tables = self._input_tables(batch)
         learnt = not self._pushes_down or all(not t.num_rows or (u, t.schema) in self._pushed for u, t in tables.items())
-        if learnt:
-            key = (sql, tuple((u, t.schema) for u, t in tables.items()))
+        key = (sql, tuple((u, t.schema) for u, t in tables.items()))
+        if learnt and self._prepared.why_not(key) is None:  # met and reusable, or not met yet
             filtered = {u: self._filtered(u, t) for u, t in tables.items()}
 
             def planned(frames: dict[str, Any]) -> Any:
