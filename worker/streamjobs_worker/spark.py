@@ -131,9 +131,11 @@ class ArrowBridge:
         self._temp_dir = spark.sparkContext._temp_dir
         self._schemas: dict[pa.Schema, tuple[pa.Schema, str, object]] = {}
         # Py4J resolves a dotted name one part at a time, each a class lookup through every jar of Spark's
-        # (~10 % of a small join's JVM time when it was done per batch): the helpers' class is resolved once.
-        self._current_batch = spark._jvm.streamjobs.jvm.CurrentBatch
-        self._local_run = spark._jvm.streamjobs.jvm.LocalRun
+        # (~10 % of a small join's JVM time when it was done per batch), and a class's method name with a round
+        # trip of its own: the helpers' methods are resolved once.
+        helpers = spark._jvm.streamjobs.jvm
+        self._load_slot, self._free_slot = helpers.CurrentBatch.load, helpers.CurrentBatch.free
+        self._to_arrow_file = helpers.LocalRun.toArrowFile
         self._large_types = spark.conf.get("spark.sql.execution.arrow.useLargeVarTypes", "false") == "true"
 
     def frame(self, table: pa.Table) -> DataFrame:
@@ -146,11 +148,11 @@ class ArrowBridge:
 
     def load(self, slot: str, table: pa.Table) -> None:
         """The table becomes what the current-batch relation `slot` holds (jvm/CurrentBatch.java)."""
-        self._through_file(table, functools.partial(self._current_batch.load, slot))
+        self._through_file(table, functools.partial(self._load_slot, slot))
 
     def free(self, slot: str) -> None:
         """The slot holds no batch any more."""
-        self._current_batch.free(slot)
+        self._free_slot(slot)
 
     def slot_frame(self, slot: str, schema: pa.Schema) -> DataFrame:
         """A DataFrame over the current-batch relation `slot`, whose batches have `schema`."""
@@ -188,7 +190,7 @@ class ArrowBridge:
         descriptor, path = tempfile.mkstemp(dir=self._temp_dir)
         os.close(descriptor)
         try:
-            self._local_run.toArrowFile(frame._jdf, path)
+            self._to_arrow_file(frame._jdf, path)
             with pa.OSFile(path) as file:
                 return pa.ipc.open_stream(file).read_all()
         finally:

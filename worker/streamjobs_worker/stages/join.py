@@ -42,6 +42,9 @@ from .base import LateRecords, _EventTimeStage, view_name
 
 _RID, _SEG, _WS, _MATCHED, _LRID = "_rid", "_seg", "_ws", "_m", "_lrid"
 _RIGHT_COLUMN = re.compile(r"\br\s*\.\s*`?([A-Za-z_][A-Za-z0-9_]*)")
+# Matching builds a hash table of the right side's rows: a sort-merge join sorts both sides, and each run
+# of its sorts generated their orderings anew (a fifth of a small join's JVM time).
+_HASHED = "/*+ SHUFFLE_HASH(r) */"
 _FAR = 2**61  # time bounds are clamped here: twice one plus one is still an int64 segment
 
 
@@ -68,7 +71,7 @@ def window_join_sql(spec: JoinStage, left: str, right: str, left_columns: list[s
     with the oracle, which assigns windows with Spark's own window()."""
     size = spec.window.size_ms
     how = "LEFT OUTER" if spec.how == "left" else "INNER"
-    return (f"SELECT {', '.join(select_list(spec, left_columns, right_columns))}, l.{_WS} AS window_start, "
+    return (f"SELECT {_HASHED} {', '.join(select_list(spec, left_columns, right_columns))}, l.{_WS} AS window_start, "
             f"l.{_WS} + {size} AS window_end, l.{_WS} + {size - 1} AS event_time, l.{_WS} + {size} AS _ingest_ms "
             f"FROM {_filtered(spec, left)} l {how} JOIN {_filtered(spec, right)} r ON {on_clause(spec)}")
 
@@ -413,12 +416,12 @@ class IntervalJoin(_Join):
 
         # Every right row, in one partition: a union of two is two, and joining that took a shuffle per batch.
         rights = f"(SELECT /*+ COALESCE(1) */ * FROM (SELECT * FROM {side('rn')} UNION ALL SELECT * FROM {side('ro')}))"
-        parts = [f"SELECT {met}, l.{_RID} AS {_LRID} FROM {side('ln')} l JOIN {rights} r ON {on}",
-                 f"SELECT {met}, l.{_RID} AS {_LRID} FROM {side('lo')} l JOIN {side('rn')} r ON {on}"]
+        parts = [f"SELECT {_HASHED} {met}, l.{_RID} AS {_LRID} FROM {side('ln')} l JOIN {rights} r ON {on}",
+                 f"SELECT {_HASHED} {met}, l.{_RID} AS {_LRID} FROM {side('lo')} l JOIN {side('rn')} r ON {on}"]
         if self.spec.how == "left":
             # A stored row can have met only new right rows here; a new one any right row.
             # Not LEFT ANTI JOIN: Spark moves that below its left side's one partition, which then takes a shuffle.
-            unmet = (f"(SELECT l.* FROM {side('lp')} l LEFT JOIN (SELECT *, true AS _hit FROM {rights}) r ON {on} "
+            unmet = (f"(SELECT {_HASHED} l.* FROM {side('lp')} l LEFT JOIN (SELECT *, true AS _hit FROM {rights}) r ON {on} "
                      f"WHERE r._hit IS NULL)")
             own = "l._ingest_ms" if "_ingest_ms" in left_columns else "CAST(NULL AS BIGINT)"
             parts.append(f"SELECT {select}, l.event_time + {self._upper} AS event_time, {own} AS _ingest_ms, "
