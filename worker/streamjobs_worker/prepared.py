@@ -64,7 +64,14 @@ class PreparedQueries:
             with phases.phase("execute"):
                 return bridge.run_here(planned.query)
         finally:
-            self._free(planned)
+            for slot in planned.slots.values():
+                bridge.free(slot)
+
+    def may_run(self, key: Hashable) -> bool:
+        """Whether `run` may give the key's result: a reusable plan, or one not made yet (False without the
+        helpers' jar)."""
+        planned = self._plans.get(key)
+        return self._on and (planned is None or planned.query is not None)
 
     def why_not(self, key: Hashable) -> str | None:
         """Why the key's query is planned per batch (None: it is not, or it was never met)."""
@@ -84,8 +91,3 @@ class PreparedQueries:
             self._plans.pop(next(iter(self._plans)))
         planned = self._plans[key] = _Plan(slots, query if why_not is None else None, why_not)
         return planned
-
-    def _free(self, planned: _Plan) -> None:
-        bridge = spark.bridge(self._spark)
-        for slot in planned.slots.values():
-            bridge.free(slot)

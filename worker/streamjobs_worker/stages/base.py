@@ -136,7 +136,7 @@ class _SparkStage:
         tables = self._input_tables(batch)
         learnt = not self._pushes_down or all(not t.num_rows or (u, t.schema) in self._pushed for u, t in tables.items())
         key = (sql, tuple((u, t.schema) for u, t in tables.items()))
-        if learnt and self._prepared.why_not(key) is None:  # met and reusable, or not met yet
+        if learnt and self._prepared.may_run(key):
             filtered = {u: self._filtered(u, t) for u, t in tables.items()}
 
             def planned(frames: dict[str, Any]) -> Any:
