@@ -12,7 +12,7 @@ from .keygroups import Assignment
 from .layout import JobKeys, job_id, namespace_of
 from .spec import StreamJob
 
-SPARK_OPERATOR_TYPES = ("sql", "pyspark", "window_aggregate", "stateful", "over", "lookup", "join", "parquet")
+SPARK_OPERATOR_TYPES = ("sql", "pyspark", "window_aggregate", "stateful", "over", "lookup", "join")
 
 
 @dataclass(frozen=True)

@@ -594,10 +594,12 @@ class RedisStreamSink(_Consumer):
 
 
 class ParquetSink(_Consumer):
-    """Parquet files written by Spark; a Redis manifest lists the committed ones."""
+    """A folder per batch holding one Parquet file of Spark's types; a Redis manifest lists the committed ones."""
 
     type: Literal["parquet"]
-    path: str = Field(min_length=1)
+    path: str = Field(min_length=1, description=(
+        "A folder every worker can write (a shared volume on Kubernetes) or a URI Arrow opens (file://, s3://, "
+        "gs://, hdfs://); the files go under PATH/<job id>/<sink name>/."))
 
 
 class ConsoleSink(_Consumer):

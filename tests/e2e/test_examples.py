@@ -32,9 +32,15 @@ def worker_processes(job: str) -> list[int]:
     return pids
 
 
+# Q1's worker is killed once: its Parquet sink wrote the abandoned batch's folder, which no manifest lists.
+KILLS = {"examples/nexmark-q1.yaml": [(4, "events", 0)]}
+
+
 @pytest.mark.parametrize("example", [*(f"examples/nexmark-q{q}.yaml" for q in (1, 2, 3, 4, 6, 7, 8)), "examples/ysb.yaml"])
 def test_example_equals_oracle(run_in_process, example):
-    report = run_in_process(example, 8)
+    kills = killer(KILLS.get(example, []))
+    report = run_in_process(example, 8, during=kills)
+    assert report["restarts"] >= len(kills.killed) == len(KILLS.get(example, []))
     assert_exact(report)
     assert sum(report["verification"]["sinks"][s]["expected"] for s in report["verification"]["sinks"]) > 0
     source = load_job(ROOT / example).spec.sources[0]

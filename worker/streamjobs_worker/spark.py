@@ -121,6 +121,16 @@ def _loaded(context) -> bool:
     return isinstance(context._jvm.streamjobs.jvm.Reuse, JavaClass)
 
 
+@functools.lru_cache(maxsize=256)
+def spark_types(schema: pa.Schema) -> tuple[pa.Schema, StructType]:
+    """Spark's types for a table of `schema`, and the Arrow schema of those types: what Spark takes in and
+    reads back unchanged (timestamps in UTC, strings and binaries of Spark's width). No JVM needed."""
+    from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
+
+    struct = from_arrow_schema(schema, prefer_timestamp_ntz=False)
+    return to_arrow_schema(struct, error_on_duplicated_field_names_in_struct=True, timezone="UTC"), struct
+
+
 class ArrowBridge:
     """Arrow tables into the session as DataFrames, DataFrames back as Arrow tables."""
 
@@ -177,10 +187,7 @@ class ArrowBridge:
         """(the Arrow schema Spark takes, its Spark schema as JSON, as a StructType), per input schema."""
         known = self._schemas.get(schema)
         if known is None:
-            from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
-
-            struct = from_arrow_schema(schema, prefer_timestamp_ntz=False)
-            target = to_arrow_schema(struct, error_on_duplicated_field_names_in_struct=True, timezone="UTC")
+            target, struct = spark_types(schema)
             known = self._schemas[schema] = (target, struct.json(), struct)
         return known
 
