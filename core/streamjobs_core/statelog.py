@@ -23,10 +23,13 @@ _COVERED = b"covered"
 
 @dataclass(frozen=True)
 class StateLayout:
-    """Which column names a row within its segment (`key`) and which int64 column is its segment, if any."""
+    """Which column names a row within its segment (`key`) and which int64 column is its segment, if any;
+    `by_time`: each segment spans a bounded stretch of event time (a window, a pane), so a batch rewrites the
+    segments it touches for most key groups at once, and a segment never grows with the whole state."""
 
     key: str
     segment: str | None = None
+    by_time: bool = False
 
     @property
     def identity(self) -> list[str]:
@@ -38,11 +41,11 @@ class StateLayout:
         return rows.column(self.segment).to_numpy()
 
 
-WINDOW_STATE = StateLayout(key="k", segment="ws")  # a row per key and window start; a segment per window
+WINDOW_STATE = StateLayout(key="k", segment="ws", by_time=True)  # a row per key and window start; a segment per window
 OVER_STATE = StateLayout(key="_rid", segment="_seg")  # a row per record, kept apart by a row id
 # A join keeps both sides' rows in one state: a segment per pane and side (2 * pane + side), each side's columns
 # prefixed by it.
-JOIN_STATE = StateLayout(key="_rid", segment="_seg")
+JOIN_STATE = StateLayout(key="_rid", segment="_seg", by_time=True)
 JOIN_PREFIXES = ("l_", "r_")
 
 

@@ -15,6 +15,8 @@ from streamjobs_worker.state import (
     ChangeLog,
     ChangeSet,
     KeyGroupStore,
+    KeyGroupTables,
+    SegmentTables,
     StateLayout,
     concat,
     open_store,
@@ -24,16 +26,19 @@ from streamjobs_worker.state import (
 
 pytestmark = pytest.mark.unit
 
-WINDOWS = StateLayout(key="k", segment="ws")
+WINDOWS = StateLayout(key="k", segment="ws", by_time=True)
 KEYED = StateLayout(key="k")
 
 
-@pytest.fixture(params=["memory", "rocksdb"])
+@pytest.fixture(params=["memory", "memory-per-key-group", "rocksdb"])
 def make_store(request, tmp_path):
-    """The same store tests over every backend, as quix-streams parametrises its state tests."""
+    """The same store tests over every backend, as quix-streams parametrises its state tests: WINDOWS in
+    memory is a table per segment, a table per key group and segment the memory of state not laid out by time."""
     counter = itertools.count()
 
     def make(key_groups, layout: StateLayout | None = WINDOWS) -> KeyGroupStore:
+        if request.param == "memory-per-key-group":
+            return KeyGroupStore(key_groups, KeyGroupTables(), layout)
         return open_store(request.param, key_groups, str(tmp_path / f"state-{next(counter)}"), layout)
 
     return make
@@ -125,6 +130,17 @@ def test_a_merge_may_not_write_rows_of_key_groups_it_did_not_read(make_store) ->
     stray = rows(1, 0, {"x": 1})
     with pytest.raises(ValueError, match=r"key groups \[1\] written to segment 0 of key groups \[0\]"):
         store.update(0, [0], lambda current: (stray, stray, None))
+
+
+def test_memory_holds_state_laid_out_by_time_in_a_table_per_segment() -> None:
+    """Chosen when the stage binds its layout: a store opens before its stage exists."""
+    by_time, keyed = KeyGroupStore([0, 1]), KeyGroupStore([0, 1])
+    by_time.bind(WINDOWS)
+    keyed.bind(KEYED)
+    assert isinstance(by_time._backend, SegmentTables) and isinstance(keyed._backend, KeyGroupTables)
+    put(by_time, 0, 1000, {"a": 1})
+    put(by_time, 1, 1000, {"b": 2})
+    assert by_time._backend._rows[1000].num_rows == 2  # both key groups' rows in the segment's one table
 
 
 def test_a_store_binds_one_layout() -> None:

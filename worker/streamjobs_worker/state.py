@@ -12,8 +12,10 @@ that lies beside it (windows far ahead, a benchmark's ballast).
 Each change is also recorded as pending changelog until the checkpoint drains
 it into the batch's transaction: per key group a ChangeSet, columnar like the
 state. Redis holds the durable copy (changelog + snapshots, see recovery.py); a
-backend holds the working copy: `memory` (the tables themselves, the default)
-or `rocksdb` (each key group's segment as Arrow IPC bytes in rocksdict, as
+backend holds the working copy: `memory` (the tables themselves, the default:
+a table per segment for state laid out by time, whose batches rewrite a segment
+for most key groups at once, else a table per key group and segment) or
+`rocksdb` (each key group's segment as Arrow IPC bytes in rocksdict, as
 quix-streams keeps state in RocksDB: state beyond memory, at the cost of
 encoding what a batch touches). The working copy is rebuilt from Redis at every
 start, so a backend never needs to survive a restart.
@@ -24,7 +26,7 @@ from __future__ import annotations
 import bisect
 import shutil
 import struct
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Protocol
 
 import numpy as np
@@ -190,18 +192,57 @@ class ChangeLog:
         return rows.filter(pa.array(~covered)) if covered.any() else rows
 
 
-# --- backends: where the rows of one key group's segment live --------------------------------
+# --- backends: where the rows of each key group and segment live ------------------------------
 
 
 class Backend(Protocol):
-    def get(self, kg: int, segment: int) -> pa.Table | None: ...
-    def put(self, kg: int, segment: int, rows: pa.Table | None) -> None: ...  # None (or no rows) removes
+    """Rows cross a backend with their key group in column KG."""
+
+    def read(self, kgs: Collection[int], segment: int) -> pa.Table | None: ...  # the segment's rows of kgs
+    def write(self, segment: int, kgs: Collection[int], rows: pa.Table | None) -> None: ...  # replace them
     def segments(self, kg: int) -> list[int]: ...  # ascending
     def drop(self, kg: int) -> None: ...
     def close(self) -> None: ...
 
 
-class MemoryBackend:
+class _PerKeyGroup:
+    """A backend that keeps each key group's segment apart (`get` and `put` without KG)."""
+
+    def get(self, kg: int, segment: int) -> pa.Table | None:
+        raise NotImplementedError
+
+    def put(self, kg: int, segment: int, rows: pa.Table | None) -> None:  # None (or no rows) removes
+        raise NotImplementedError
+
+    def read(self, kgs: Collection[int], segment: int) -> pa.Table | None:
+        tables, owners = [], []
+        for kg in kgs:
+            table = self.get(kg, segment)
+            if table is not None:
+                tables.append(table)
+                owners.append(np.full(table.num_rows, kg, dtype=np.int64))
+        rows = concat(tables)
+        return None if rows is None else rows.append_column(KG, pa.array(np.concatenate(owners)))
+
+    def write(self, segment: int, kgs: Collection[int], rows: pa.Table | None) -> None:
+        written = set()
+        if rows is not None and rows.num_rows:
+            groups = groups_of(rows.column(KG).to_numpy())
+            single = len(groups) == 1
+            rows = rows if single else rows.combine_chunks()
+            for kg, positions in groups:
+                # take, not slice: a slice would keep this batch's whole table alive while any kg holds on to it
+                self.put(kg, segment, (rows if single else take(rows, positions)).drop_columns([KG]))
+                written.add(kg)
+        for kg in kgs:
+            if kg not in written:
+                self.put(kg, segment, None)
+
+
+class KeyGroupTables(_PerKeyGroup):
+    """Memory, a table per key group and segment: for state whose segments may hold all of it (a stateful
+    stage's one segment), where a batch rewrites only the key groups it touches."""
+
     def __init__(self) -> None:
         self._data: dict[int, dict[int, pa.Table]] = {}
 
@@ -224,7 +265,75 @@ class MemoryBackend:
         self._data.clear()
 
 
-class RocksDBBackend:
+class SegmentTables:
+    """Memory, a table per segment holding the rows of every key group (with KG): for state laid out by
+    time, whose batch rewrites a few segments for most key groups. One read and one write per segment and
+    batch, where a table per key group took one per key group and segment (a sliding window of 5 panes
+    over 128 key groups: 640 splits of every batch's rows)."""
+
+    _MAX_CHUNKS = 8  # rewrites of some key groups append chunks; past this many the segment is made whole
+
+    def __init__(self) -> None:
+        self._rows: dict[int, pa.Table] = {}
+        self._held: dict[int, set[int]] = {}  # segment -> key groups with rows in it
+        self._where: dict[int, set[int]] = {}  # key group -> segments holding its rows
+
+    def read(self, kgs: Collection[int], segment: int) -> pa.Table | None:
+        rows = self._rows.get(segment)
+        if rows is None:
+            return None
+        held = self._held[segment]
+        wanted = held.intersection(kgs)
+        if len(wanted) == len(held):
+            return rows
+        return rows.filter(_of(rows, wanted)) if wanted else None
+
+    def write(self, segment: int, kgs: Collection[int], rows: pa.Table | None) -> None:
+        kgs = set(kgs)
+        held = self._held.get(segment, set())
+        replaced = held & kgs
+        kept = self._rows.get(segment)
+        if replaced:
+            kept = None if replaced == held else kept.filter(pc.invert(_of(kept, replaced)))
+        now = held - kgs
+        if rows is not None and rows.num_rows:
+            now |= set(np.unique(rows.column(KG).to_numpy()).tolist())
+        for kg in held - now:
+            self._where[kg].discard(segment)
+        for kg in now - held:
+            self._where.setdefault(kg, set()).add(segment)
+        new = concat([kept, rows])
+        if new is None:
+            self._rows.pop(segment, None)
+            self._held.pop(segment, None)
+            return
+        self._rows[segment] = new.combine_chunks() if new.column(KG).num_chunks > self._MAX_CHUNKS else new
+        self._held[segment] = now
+
+    def segments(self, kg: int) -> list[int]:
+        return sorted(self._where.get(kg, ()))
+
+    def drop(self, kg: int) -> None:
+        for segment in self.segments(kg):
+            self.write(segment, (kg,), None)
+        self._where.pop(kg, None)
+
+    def close(self) -> None:
+        self._rows.clear()
+        self._held.clear()
+        self._where.clear()
+
+
+def _of(rows: pa.Table, kgs: Collection[int]) -> pa.ChunkedArray:
+    """Whether each row belongs to one of these key groups."""
+    return pc.is_in(rows.column(KG), value_set=pa.array(sorted(kgs), pa.int64()))
+
+
+def memory_for(layout: StateLayout | None) -> Backend:
+    return SegmentTables() if layout is not None and layout.by_time else KeyGroupTables()
+
+
+class RocksDBBackend(_PerKeyGroup):
     """One RocksDB per worker; a key is the key group (4 bytes) + the segment (8 bytes, ordered), a value
     the segment's rows as Arrow IPC."""
 
@@ -276,12 +385,13 @@ class KeyGroupStore:
     """The state of the key groups an instance owns, with the changes not yet drained.
 
     A store opened before its stage knows no layout yet; the stage binds it (stateless stages never do,
-    and hold no rows)."""
+    and hold no rows). Without a backend given, state lives in memory in the form its layout suits."""
 
     def __init__(self, key_groups: Iterable[int], backend: Backend | None = None,
                  layout: StateLayout | None = None) -> None:
         self._key_groups = tuple(key_groups)
-        self._backend = backend or MemoryBackend()
+        self._in_memory = backend is None
+        self._backend = backend or memory_for(layout)
         self._layout = layout
         self._pending = ChangeLog()
 
@@ -300,6 +410,8 @@ class KeyGroupStore:
     def bind(self, layout: StateLayout) -> None:
         if self._layout is not None and self._layout != layout:
             raise ValueError(f"state store holds {self._layout}, not {layout}")
+        if self._layout is None and self._in_memory:  # holds no rows yet: none are kept without a layout
+            self._backend = memory_for(layout)
         self._layout = layout
 
     def _check(self, kgs: Iterable[int]) -> None:
@@ -319,35 +431,18 @@ class KeyGroupStore:
         """The rows of these key groups in `segment`."""
         kgs = sorted({int(kg) for kg in kgs})
         self._check(kgs)
-        tables, owners = [], []
-        for kg in kgs:
-            table = self._backend.get(kg, segment)
-            if table is not None:
-                tables.append(table)
-                owners.append(np.full(table.num_rows, kg, dtype=np.int64))
-        rows = concat(tables)
-        return None if rows is None else rows.append_column(KG, pa.array(np.concatenate(owners)))
+        return self._backend.read(kgs, segment)
 
     def update(self, segment: int, kgs: Iterable[int], merge: Merge) -> None:
         """Rewrite the rows of these key groups in `segment`: `merge(rows)` returns (new rows, rows upserted,
         identity columns of rows deleted), every table with KG; the last two are recorded as changes."""
         kgs = sorted({int(kg) for kg in kgs})
         rows, upserted, deleted = merge(self.read(kgs, segment))
-        written = set()
         if rows is not None and rows.num_rows:
-            groups = groups_of(rows.column(KG).to_numpy())
-            strays = sorted({kg for kg, _ in groups} - set(kgs))
+            strays = sorted(set(np.unique(rows.column(KG).to_numpy()).tolist()) - set(kgs))
             if strays:
                 raise ValueError(f"rows of key groups {strays} written to segment {segment} of key groups {kgs}")
-            single = len(groups) == 1
-            rows = rows if single else rows.combine_chunks()
-            for kg, positions in groups:
-                # take, not slice: a slice would keep this batch's whole table alive while any kg holds on to it
-                self._backend.put(kg, segment, (rows if single else take(rows, positions)).drop_columns([KG]))
-                written.add(kg)
-        for kg in kgs:
-            if kg not in written:
-                self._backend.put(kg, segment, None)
+        self._backend.write(segment, kgs, rows)
         for changed, gone in ((upserted, False), (deleted, True)):
             if changed is not None:
                 self._pending.rows(changed, gone, segment)
@@ -355,15 +450,19 @@ class KeyGroupStore:
     def cut(self, bounds: Mapping[int, int]) -> pa.Table | None:
         """Take out every row whose segment is at most its key group's bound (without KG)."""
         self._check(bounds)
-        taken = []
+        due: dict[int, list[int]] = {}  # segment -> key groups whose rows in it are taken
         for kg, bound in bounds.items():
-            due = [s for s in self._backend.segments(kg) if s <= bound]
-            for segment in due:
-                taken.append(self._backend.get(kg, segment))
-                self._backend.put(kg, segment, None)
-            if due:
+            segments = [s for s in self._backend.segments(kg) if s <= bound]
+            for segment in segments:
+                due.setdefault(segment, []).append(kg)
+            if segments:
                 self._pending.cut(kg, bound)
-        return concat(taken)
+        taken = []
+        for segment, kgs in sorted(due.items()):
+            taken.append(self._backend.read(kgs, segment))
+            self._backend.write(segment, kgs, None)
+        rows = concat(taken)
+        return None if rows is None else rows.drop_columns([KG])
 
     def segments(self, kg: int) -> list[int]:
         """The segments a key group holds rows in, ascending."""
@@ -375,7 +474,8 @@ class KeyGroupStore:
     def table(self, kg: int) -> pa.Table | None:
         """All of a key group's rows (without KG): what its snapshot holds."""
         self._check([kg])
-        return concat(self._backend.get(kg, s) for s in self._backend.segments(kg))
+        rows = concat(self._backend.read((kg,), s) for s in self._backend.segments(kg))
+        return None if rows is None else rows.drop_columns([KG])
 
     def load(self, kg: int, table: pa.Table | Iterable | None = None) -> None:
         """Replace a key group's state; a key group not owned yet is taken over (restore, prestage)."""
@@ -388,9 +488,10 @@ class KeyGroupStore:
         self._backend.drop(kg)
         if table is None or not table.num_rows:
             return
+        table = _owned_by(kg, table)
         groups = groups_of(self._bound().segments_of(table))
         for segment, positions in groups:
-            self._backend.put(kg, segment, table if len(groups) == 1 else take(table, positions))
+            self._backend.write(segment, (kg,), table if len(groups) == 1 else take(table, positions))
 
     def apply(self, kg: int, changes: ChangeSet) -> None:
         """Replay a changelog entry (or several, folded) without recording it again."""
@@ -401,16 +502,17 @@ class KeyGroupStore:
         if changes.cut is not None:
             for segment in self._backend.segments(kg):
                 if segment <= changes.cut:
-                    self._backend.put(kg, segment, None)
+                    self._backend.write(segment, (kg,), None)
         split = {}
         for name, part in (("upserts", changes.upserts), ("deletes", changes.deletes)):
             if part is not None and part.num_rows:
                 for segment, positions in groups_of(layout.segments_of(part)):
                     split.setdefault(segment, {})[name] = take(part, positions)
         for segment, parts in split.items():
-            current = self._backend.get(kg, segment)
-            self._backend.put(kg, segment, replace_rows(current, parts.get("upserts"), parts.get("deletes"),
-                                                        layout.key))
+            current = self._backend.read((kg,), segment)
+            upserts = parts.get("upserts")
+            self._backend.write(segment, (kg,), replace_rows(
+                current, None if upserts is None else _owned_by(kg, upserts), parts.get("deletes"), layout.key))
 
     def reset(self) -> int:
         """Drop every row of every owned key group, recorded as a reset that commits with the batch (a live
@@ -418,7 +520,7 @@ class KeyGroupStore:
         dropped."""
         dropped = 0
         for kg in self._key_groups:
-            dropped += sum(self._backend.get(kg, s).num_rows for s in self._backend.segments(kg))
+            dropped += sum(self._backend.read((kg,), s).num_rows for s in self._backend.segments(kg))
             self._backend.drop(kg)
             self._pending.reset(kg)
         self._layout = None
@@ -439,6 +541,10 @@ class KeyGroupStore:
         changes = self._pending.fold(self._layout)
         self._pending = ChangeLog()
         return changes
+
+
+def _owned_by(kg: int, rows: pa.Table) -> pa.Table:
+    return rows.append_column(KG, pa.array(np.full(rows.num_rows, kg, dtype=np.int64)))
 
 
 def open_store(backend: str, key_groups: Iterable[int], directory: str,

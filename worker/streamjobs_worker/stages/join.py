@@ -313,13 +313,9 @@ class IntervalJoin(_Join):
         if probe is None:
             return None
         rows, kgs, _ = probe
-        mine = np.unique(kgs)
-        parts = []
-        for kg in mine:
-            for segment in self.store.segments(int(kg)):
-                if segment % 2 == side:
-                    parts.append(self.store.read([int(kg)], segment))
-        stored = concat(parts)
+        mine = np.unique(kgs).tolist()
+        segments = {s for kg in mine for s in self.store.segments(kg) if s % 2 == side}
+        stored = concat(self.store.read(mine, segment) for segment in sorted(segments))
         if stored is None:
             return None
         key = PREFIXES[side] + self._keys[side][0]
@@ -330,12 +326,15 @@ class IntervalJoin(_Join):
 
     def _expiring(self, cuts: dict[int, int]) -> pa.Table | None:
         """The stored left rows that leave state at this batch and met no right row so far."""
-        parts = []
+        due: dict[int, list[int]] = {}  # segment -> key groups whose rows in it leave
         for kg, bound in cuts.items():
             for segment in self.store.segments(kg):
                 if segment % 2 == 0 and segment <= bound:
-                    rows = self.store.read([kg], segment)
-                    parts.append(rows.filter(pc.invert(rows.column(_MATCHED))))
+                    due.setdefault(segment, []).append(kg)
+        parts = []
+        for segment, kgs in sorted(due.items()):
+            rows = self.store.read(kgs, segment)
+            parts.append(rows.filter(pc.invert(rows.column(_MATCHED))))
         return concat(parts)
 
     def _keep(self, new: list, old_left: pa.Table | None, matched: np.ndarray, cut_at: np.ndarray) -> None:
