@@ -32,6 +32,7 @@ from .resources import Owner, RedisTarget
 # Written on the StreamJob once its Redis is known, so the finalizer can clean
 # that Redis even after the spec became invalid.
 REDIS_ANNOTATION = "streamjobs.dev/redis"
+RESCALES_SHOWN = 10  # the newest rescales in the status; `streamjobs status` reads the whole history
 # Set by the user with the edit that needs it (`kubectl annotate` or in the applied YAML): the stateful stages,
 # comma-separated, whose state the edit starts afresh (--reset-state). Removed once the edit went through.
 RESET_ANNOTATION = "streamjobs.dev/reset-state"
@@ -386,16 +387,19 @@ def refresh_status(ctx: JobContext, last_flow: tuple[float, int] | None = None) 
     for sts in fleet.statefulsets():
         op = sts["metadata"]["labels"].get(resources.LABEL_OPERATOR)
         ready[op] = ready.get(op, 0) + int((sts.get("status") or {}).get("readyReplicas") or 0)
-    assigned, in_progress, reading = {}, None, None
+    assigned, in_progress, reading, history = {}, None, None, []
     with ctx.redis() as r:
         plan = store.read_plan(r, ctx.owner.job)
         if plan is not None:
             _stop_if_failed(RedisJobStore(r, plan.id), fleet)
             assigned = store.assignments(r, plan)
             in_progress = progress(RedisJobStore(r, plan.id))
+            history = RedisJobStore(r, plan.id).rescale_history(-RESCALES_SHOWN)
             emitted, lag = store.flow(r, plan)
             reading = (time.monotonic(), emitted)
     ctx.status.rescale(in_progress)
+    if history:
+        ctx.status.rescales(history)
     if reading is not None:
         ctx.status.flow(status.input_rate(last_flow, reading), lag)
     spec = ctx.job.spec

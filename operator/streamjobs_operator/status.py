@@ -7,7 +7,10 @@ be visible while it runs.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import datetime
+from collections.abc import Iterable, Mapping
+
+from streamjobs_core.control import RescaleRecord
 
 from .kube import Kube
 from .resources import Owner
@@ -44,6 +47,53 @@ def input_rate(previous: tuple[float, int] | None, now: tuple[float, int]) -> fl
     return round((now[1] - previous[1]) / (now[0] - previous[0]), 1)
 
 
+# Ready: the job processes records (a live rescale or reconfiguration does not stop it). Scaling and
+# Reconfiguring: that work is under way. Degraded: the job cannot go on as written until someone acts.
+_NOT_READY = {PENDING, DEPLOYING, SUSPENDED, INVALID, FAILED}
+_DEGRADED = {INVALID: "InvalidSpec", FAILED: "JobFailed"}
+
+
+def conditions(previous: list[dict] | None, phase: str, message: str | None, error: str | None,
+               now: str) -> list[dict]:
+    """The job's conditions in a phase, Kubernetes style (FLIP-493 asks the same of Flink's operator): each
+    condition's lastTransitionTime moves only when its status flips."""
+    text = message or error or ""
+    wanted = [
+        ("Ready", phase not in _NOT_READY, phase, text if phase in _NOT_READY else ""),
+        ("Scaling", phase == RESCALING, phase if phase == RESCALING else "Steady", text if phase == RESCALING else ""),
+        ("Reconfiguring", phase == RECONFIGURING, phase if phase == RECONFIGURING else "Steady",
+         text if phase == RECONFIGURING else ""),
+        ("Degraded", phase in _DEGRADED, _DEGRADED.get(phase, "AsWritten"), (error or text) if phase in _DEGRADED else ""),
+    ]
+    before = {c.get("type"): c for c in previous or ()}
+    out = []
+    for kind, true, reason, detail in wanted:
+        value = "True" if true else "False"
+        old = before.get(kind)
+        since = old["lastTransitionTime"] if old and old.get("status") == value and old.get("lastTransitionTime") \
+            else now
+        out.append({"type": kind, "status": value, "reason": reason, "message": detail, "lastTransitionTime": since})
+    return out
+
+
+def rescale_history(records: Iterable[RescaleRecord], decisions: list[dict] | None) -> list[dict]:
+    """The rescales that ended, oldest first (FLIP-495 asks the same of Flink's autoscaler): when, what, what it
+    cost, and why: the autoscaler decision that asked for it (its newest executed one for that operator and
+    parallelism), else an edit of the spec."""
+    out = []
+    for record in records:
+        why = next((d["why"] for decision in reversed(decisions or []) if decision.get("executed")
+                    for d in decision.get("operators") or () if d.get("operator") == record.operator
+                    and d.get("parallelism") == record.to_parallelism and d.get("why")), "spec edit")
+        ended = None if record.ended_at is None else \
+            datetime.datetime.fromtimestamp(record.ended_at, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        out.append({"endedAt": ended, "operator": record.operator, "from": record.from_parallelism,
+                    "to": record.to_parallelism, "strategy": record.strategy.value, "pauseMs": round(record.pause_ms),
+                    "durationS": record.rescale_s, "movedKeyGroups": record.moved_key_groups,
+                    "rolledBack": record.rolled_back, "why": why})
+    return out
+
+
 class StatusWriter:
     def __init__(self, kube: Kube, owner: Owner) -> None:
         self.kube = kube
@@ -52,16 +102,24 @@ class StatusWriter:
     def patch(self, **fields) -> None:
         self.kube.patch("streamjobs", self.owner.namespace, self.owner.name, {"status": fields}, subresource="status")
 
-    def phase(self, phase: str, message: str | None = None, error: str | None = None) -> None:
+    def phase(self, phase: str, message: str | None = None, error: str | None = None, **fields) -> None:
         # error=None clears a previous error (a merge patch deletes null fields).
-        self.patch(phase=phase, message=message, error=error)
+        current = self.kube.get("streamjobs", self.owner.namespace, self.owner.name) or {}
+        previous = (current.get("status") or {}).get("conditions")
+        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        self.patch(phase=phase, message=message, error=error,
+                   conditions=conditions(previous, phase, message, error, now), **fields)
 
     def invalid(self, errors: list[tuple[str, str]]) -> None:
-        self.patch(phase=INVALID, error="; ".join(f"{path}: {msg}" for path, msg in errors),
+        self.phase(INVALID, error="; ".join(f"{path}: {msg}" for path, msg in errors),
                    errors=[{"field": path, "message": msg} for path, msg in errors])
 
     def rescale(self, progress: dict | None) -> None:
         self.patch(rescale=progress, rescaleInProgress=progress is not None)
+
+    def rescales(self, records: list[RescaleRecord]) -> None:
+        current = self.kube.get("streamjobs", self.owner.namespace, self.owner.name) or {}
+        self.patch(rescales=rescale_history(records, (current.get("status") or {}).get("decisions")))
 
     def operators(self, operators: dict) -> None:
         self.patch(operators=operators, parallelismSummary=parallelism_summary(operators))

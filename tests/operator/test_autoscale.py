@@ -26,6 +26,8 @@ def test_the_autoscaler_daemon_rescales_the_job_live_and_explains_why(emulator, 
     status = eventually(lambda: get(kube, "autoscaled").get("status", {}).get("decisions"), 30, "decisions in status")
     assert any(d["executed"] and "copies 1 -> 2" in d["summary"] for d in status)
     assert "copies 1 -> 2" in get(kube, "autoscaled")["status"]["lastDecision"] or len(status) > 1
+    (rescale,) = eventually(lambda: get(kube, "autoscaled")["status"].get("rescales"), 30, "the rescale in the history")
+    assert (rescale["from"], rescale["to"]) == (1, 2) and rescale["why"].startswith("copies 1 -> 2 [reactive")
 
     before = redis_client.xlen(keys.output_stream("copies"))
     eventually(lambda: redis_client.xlen(keys.output_stream("copies")) > before, 60, "output after the rescale")

@@ -25,6 +25,8 @@ def test_invalid_spec_names_the_field_in_status_and_event_and_touches_nothing(em
     status = get(kube, "broken")["status"]
     assert "spec.sinks[0].inputs[0]" in status["error"] and "nope" in status["error"]
     assert status["errors"][0]["field"] == "spec.sinks[0].inputs[0]"
+    degraded = [c for c in status["conditions"] if c["type"] == "Degraded"][0]
+    assert (degraded["status"], degraded["reason"]) == ("True", "InvalidSpec") and "nope" in degraded["message"]
     warnings = eventually(lambda: [e for e in events(emulator, "broken") if e["reason"] == "InvalidSpec"], 30, "event")
     assert warnings[0]["type"] == "Warning" and "spec.sinks[0].inputs[0]" in warnings[0]["message"]
     for kind in ("statefulsets", "services", "configmaps"):
@@ -59,6 +61,10 @@ def test_deploy_creates_owned_objects_and_the_plan_in_redis(emulator, kube, job,
     operators = eventually(lambda: (get(kube, "deployed")["status"].get("operators") or {}).get("copies"), 30)
     assert operators["desiredParallelism"] == 2 and operators["assignmentEpoch"] == 1
     eventually(lambda: get(kube, "deployed")["status"].get("parallelismSummary") == "words=1 copies=2", 30, "summary")
+    ready = {c["type"]: c for c in get(kube, "deployed")["status"]["conditions"]}
+    assert (ready["Ready"]["status"], ready["Degraded"]["status"], ready["Scaling"]["status"]) == ("True", "False", "False")
+    assert run_kubectl(emulator, "get", "sj", "deployed", "-o",
+                       'jsonpath={.status.conditions[?(@.type=="Ready")].status}') == "True"
 
 
 def test_suspend_scales_to_zero_and_back_and_other_edits_are_refused(kube, job, redis_client):
@@ -105,6 +111,9 @@ def test_a_query_spark_refuses_fails_the_job_naming_operator_and_cause_and_stops
     eventually(lambda: phase(kube, "misspelt") == "Failed", 120, "phase Failed")
     status = get(kube, "misspelt")["status"]
     assert status["message"].startswith("words/0: tag: Spark refuses its query") and "PARSE_SYNTAX_ERROR" in status["error"]
+    degraded = {c["type"]: c for c in status["conditions"]}
+    assert (degraded["Ready"]["status"], degraded["Degraded"]["status"], degraded["Degraded"]["reason"]) == \
+        ("False", "True", "JobFailed") and "PARSE_SYNTAX_ERROR" in degraded["Degraded"]["message"]
     failed = eventually(lambda: [e for e in events(emulator, "misspelt") if e["reason"] == "JobFailed"], 30, "event")
     assert failed[0]["type"] == "Warning" and "SELECT word,, event_time" in failed[0]["message"]
     eventually(lambda: all(s["spec"]["replicas"] == 0 for s in _owned(kube, "statefulsets", "misspelt")), 30,

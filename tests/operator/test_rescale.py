@@ -125,6 +125,11 @@ def test_a_fluid_rescale_scales_the_statefulset_and_moves_key_groups_while_every
     _set_sink_parallelism(kube, doc, 1)
     eventually(lambda: assigned(1, 3), 120, "copies back at 1 instance, epoch 3")
     eventually(lambda: _statefulsets(kube, "fluid")["fluid-copies-e1"]["spec"]["replicas"] == 1, 60, "scaled in")
+    history = eventually(lambda: len(h := get(kube, "fluid")["status"].get("rescales") or []) == 2 and h, 30,
+                         "both rescales in the status's history")
+    assert [(h["operator"], h["from"], h["to"], h["strategy"], h["why"]) for h in history] == \
+        [("copies", 1, 3, "fluid", "spec edit"), ("copies", 3, 1, "fluid", "spec edit")]
+    assert all(h["endedAt"].endswith("Z") and h["pauseMs"] >= 0 and h["durationS"] > 0 for h in history)
     assert set(_statefulsets(kube, "fluid")) == {"fluid-words-e1", "fluid-copies-e1"}
     copies = [p for p in kubelet.started if p.startswith("fluid-copies-")]
     assert sorted(copies) == ["fluid-copies-e1-0", "fluid-copies-e1-1", "fluid-copies-e1-2"]

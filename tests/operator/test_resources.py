@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from streamjobs_core.control import RescaleRecord, Strategy
 from streamjobs_core.loading import parse_job
 from streamjobs_operator import resources
 from streamjobs_operator.autoscaling import KopfEvents, parallelism_patch
 from streamjobs_operator.config import Settings
 from streamjobs_operator.reconcile import UnsupportedChange, check_change, job_of
-from streamjobs_operator.status import input_rate, operators_status, parallelism_summary
+from streamjobs_operator.status import conditions, input_rate, operators_status, parallelism_summary, rescale_history
 from streamjobs_operator.store import NoRedis, redis_target
 
 from .jobs import wordcopy
@@ -119,6 +120,42 @@ def test_an_autoscaler_decision_patches_the_right_operator_and_becomes_an_event(
     KopfEvents({"metadata": {"name": "j"}}, post=lambda body, **kw: posted.append(kw)).emit(
         "ScaleUp", "count 2 -> 4: true rate 900/s per instance", warning=False)
     assert posted == [{"type": "Normal", "reason": "ScaleUp", "message": "count 2 -> 4: true rate 900/s per instance"}]
+
+
+def test_conditions_follow_the_phase_and_keep_their_transition_time_until_their_status_flips():
+    def by_type(found):
+        return {c["type"]: (c["status"], c["reason"], c["lastTransitionTime"]) for c in found}
+
+    deploying = conditions(None, "Deploying", "waiting for 2 pods", None, "t0")
+    assert by_type(deploying) == {"Ready": ("False", "Deploying", "t0"), "Scaling": ("False", "Steady", "t0"),
+                                  "Reconfiguring": ("False", "Steady", "t0"), "Degraded": ("False", "AsWritten", "t0")}
+    assert deploying[0]["message"] == "waiting for 2 pods"
+    running = conditions(deploying, "Running", None, None, "t1")
+    assert by_type(running)["Ready"] == ("True", "Running", "t1") and by_type(running)["Scaling"][2] == "t0"
+    rescaling = conditions(running, "Rescaling", "rescaling count from 2 to 3", None, "t2")
+    assert by_type(rescaling)["Ready"] == ("True", "Rescaling", "t1"), "a live rescale keeps the job running"
+    assert by_type(rescaling)["Scaling"] == ("True", "Rescaling", "t2")
+    assert [c["message"] for c in rescaling if c["type"] == "Scaling"] == ["rescaling count from 2 to 3"]
+    failed = conditions(conditions(rescaling, "Running", None, None, "t3"), "Failed", "words/0: tag: Spark refuses",
+                        "PARSE_SYNTAX_ERROR", "t4")
+    assert by_type(failed) == {"Ready": ("False", "Failed", "t4"), "Scaling": ("False", "Steady", "t3"),
+                               "Reconfiguring": ("False", "Steady", "t0"), "Degraded": ("True", "JobFailed", "t4")}
+    assert [c["message"] for c in failed if c["type"] == "Degraded"] == ["PARSE_SYNTAX_ERROR"]
+
+
+def test_a_rescale_in_the_history_names_the_decision_that_asked_for_it_or_the_spec():
+    def record(to: int, ended: float) -> RescaleRecord:
+        return RescaleRecord("count", 1, to, Strategy("batched"), 2, 312.4, 4.5, 64, 2, ended_at=ended)
+
+    decisions = [{"executed": True, "operators": [{"operator": "count", "parallelism": 2, "why": "old"}]},
+                 {"executed": False, "operators": [{"operator": "count", "parallelism": 2, "why": "not done"}]},
+                 {"executed": True, "operators": [{"operator": "words", "parallelism": 2, "why": "other op"},
+                                                  {"operator": "count", "parallelism": 2, "why": "count 1 -> 2 [ds2]"}]}]
+    history = rescale_history([record(2, 0.0), record(3, 1764307260.5)], decisions)
+    assert [h["why"] for h in history] == ["count 1 -> 2 [ds2]", "spec edit"]
+    assert history[1] == {"endedAt": "2025-11-28T05:21:00Z", "operator": "count", "from": 1, "to": 3,
+                          "strategy": "batched", "pauseMs": 312, "durationS": 4.5, "movedKeyGroups": 64,
+                          "rolledBack": False, "why": "spec edit"}
 
 
 def test_input_rate_needs_two_readings_of_counters_that_only_grow():
