@@ -8,6 +8,7 @@ be visible while it runs.
 from __future__ import annotations
 
 import datetime
+import time
 from collections.abc import Iterable, Mapping
 
 from streamjobs_core.control import RescaleRecord
@@ -85,13 +86,16 @@ def rescale_history(records: Iterable[RescaleRecord], decisions: list[dict] | No
         why = next((d["why"] for decision in reversed(decisions or []) if decision.get("executed")
                     for d in decision.get("operators") or () if d.get("operator") == record.operator
                     and d.get("parallelism") == record.to_parallelism and d.get("why")), "spec edit")
-        ended = None if record.ended_at is None else \
-            datetime.datetime.fromtimestamp(record.ended_at, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        out.append({"endedAt": ended, "operator": record.operator, "from": record.from_parallelism,
+        out.append({"endedAt": None if record.ended_at is None else _utc(record.ended_at), "operator": record.operator, "from": record.from_parallelism,
                     "to": record.to_parallelism, "strategy": record.strategy.value, "pauseMs": round(record.pause_ms),
                     "durationS": record.rescale_s, "movedKeyGroups": record.moved_key_groups,
                     "rolledBack": record.rolled_back, "why": why})
     return out
+
+
+def _utc(seconds: float) -> str:
+    """A wall-clock time as Kubernetes writes it (RFC 3339, UTC, whole seconds)."""
+    return datetime.datetime.fromtimestamp(seconds, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class StatusWriter:
@@ -104,11 +108,9 @@ class StatusWriter:
 
     def phase(self, phase: str, message: str | None = None, error: str | None = None, **fields) -> None:
         # error=None clears a previous error (a merge patch deletes null fields).
-        current = self.kube.get("streamjobs", self.owner.namespace, self.owner.name) or {}
-        previous = (current.get("status") or {}).get("conditions")
-        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        previous = self._current().get("conditions")
         self.patch(phase=phase, message=message, error=error,
-                   conditions=conditions(previous, phase, message, error, now), **fields)
+                   conditions=conditions(previous, phase, message, error, _utc(time.time())), **fields)
 
     def invalid(self, errors: list[tuple[str, str]]) -> None:
         self.phase(INVALID, error="; ".join(f"{path}: {msg}" for path, msg in errors),
@@ -118,8 +120,11 @@ class StatusWriter:
         self.patch(rescale=progress, rescaleInProgress=progress is not None)
 
     def rescales(self, records: list[RescaleRecord]) -> None:
-        current = self.kube.get("streamjobs", self.owner.namespace, self.owner.name) or {}
-        self.patch(rescales=rescale_history(records, (current.get("status") or {}).get("decisions")))
+        self.patch(rescales=rescale_history(records, self._current().get("decisions")))
+
+    def _current(self) -> dict:
+        """The status as the API server holds it now."""
+        return (self.kube.get("streamjobs", self.owner.namespace, self.owner.name) or {}).get("status") or {}
 
     def operators(self, operators: dict) -> None:
         self.patch(operators=operators, parallelismSummary=parallelism_summary(operators))

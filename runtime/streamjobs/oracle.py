@@ -34,7 +34,7 @@ from streamjobs_core.plan import JobPlan
 from streamjobs_core.spec import STATEFUL_TYPES
 from streamjobs_core.statelog import state_layout
 from streamjobs_worker import external
-from streamjobs_worker.spark import bridge
+from streamjobs_worker.spark import spark_types
 from streamjobs_worker.stages.base import load_function, view_name
 from streamjobs_worker.stages.join import on_clause, select_list, window_join_sql
 from streamjobs_worker.stages.lookup import load_table, lookup_join
@@ -117,7 +117,7 @@ def spilled(spark: SparkSession, table: pa.Table, path: Path) -> DataFrame:
     handed over in memory (createDataFrame) must fit the oracle JVM's heap at once, and a flood run's did not.
     Columns keep the types createDataFrame gives them; Parquet has no column of only nulls, so those come back
     as literals."""
-    target, _, struct = bridge(spark).spark_schema(table.schema)
+    target, _, struct = spark_types(table.schema)
     nulls = [f.name for f in target if pa.types.is_null(f.type)]
     stored = table.cast(target).drop_columns(nulls)
     pq.write_table(stored, path, row_group_size=_SPILL_ROWS)

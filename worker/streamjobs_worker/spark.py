@@ -122,13 +122,15 @@ def _loaded(context) -> bool:
 
 
 @functools.lru_cache(maxsize=256)
-def spark_types(schema: pa.Schema) -> tuple[pa.Schema, StructType]:
-    """Spark's types for a table of `schema`, and the Arrow schema of those types: what Spark takes in and
-    reads back unchanged (timestamps in UTC, strings and binaries of Spark's width). No JVM needed."""
+def spark_types(schema: pa.Schema) -> tuple[pa.Schema, str, StructType]:
+    """Spark's types for a table of `schema`: the Arrow schema of those types (what Spark takes in and reads
+    back unchanged: timestamps in UTC, strings and binaries of Spark's width), as JSON and as a StructType.
+    No JVM needed."""
     from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
     struct = from_arrow_schema(schema, prefer_timestamp_ntz=False)
-    return to_arrow_schema(struct, error_on_duplicated_field_names_in_struct=True, timezone="UTC"), struct
+    target = to_arrow_schema(struct, error_on_duplicated_field_names_in_struct=True, timezone="UTC")
+    return target, struct.json(), struct
 
 
 class ArrowBridge:
@@ -139,7 +141,6 @@ class ArrowBridge:
         self._utils = spark._jvm.org.apache.spark.sql.api.python.PythonSQLUtils
         self._jsession = spark._jsparkSession
         self._temp_dir = spark.sparkContext._temp_dir
-        self._schemas: dict[pa.Schema, tuple[pa.Schema, str, object]] = {}
         # Py4J resolves a dotted name one part at a time, each a class lookup through every jar of Spark's
         # (~10 % of a small join's JVM time when it was done per batch), and a class's method name with a round
         # trip of its own: the helpers' methods are resolved once.
@@ -150,7 +151,7 @@ class ArrowBridge:
 
     def frame(self, table: pa.Table) -> DataFrame:
         """The table as one partition of a DataFrame (columnar in its task, no LocalRelation of rows)."""
-        _, schema_json, struct = self.spark_schema(table.schema)
+        _, schema_json, struct = spark_types(table.schema)
         batches = self._through_file(table, self._utils.readArrowStreamFromFile)
         frame = DataFrame(self._utils.toDataFrame(batches, schema_json, self._jsession), self._spark)
         frame._schema = struct
@@ -166,12 +167,12 @@ class ArrowBridge:
 
     def slot_frame(self, slot: str, schema: pa.Schema) -> DataFrame:
         """A DataFrame over the current-batch relation `slot`, whose batches have `schema`."""
-        return self._spark.read.format("streamjobs.jvm.CurrentBatch").schema(self.spark_schema(schema)[2]) \
+        return self._spark.read.format("streamjobs.jvm.CurrentBatch").schema(spark_types(schema)[2]) \
             .option("slot", slot).load()
 
     def _through_file(self, table: pa.Table, read):
         """`read(path)` of the table written as one Arrow IPC batch of Spark's types; the JVM reads it eagerly."""
-        target = self.spark_schema(table.schema)[0]
+        target = spark_types(table.schema)[0]
         if table.schema != target:
             table = table.cast(target)
         with tempfile.NamedTemporaryFile(dir=self._temp_dir, delete=False) as file:
@@ -182,14 +183,6 @@ class ArrowBridge:
             return read(path)
         finally:
             os.unlink(path)
-
-    def spark_schema(self, schema: pa.Schema) -> tuple[pa.Schema, str, StructType]:
-        """(the Arrow schema Spark takes, its Spark schema as JSON, as a StructType), per input schema."""
-        known = self._schemas.get(schema)
-        if known is None:
-            target, struct = spark_types(schema)
-            known = self._schemas[schema] = (target, struct.json(), struct)
-        return known
 
     def run_here(self, frame: DataFrame) -> pa.Table:
         """Run a query over current-batch relations that Reuse let run again (one partition, no exchange) on the

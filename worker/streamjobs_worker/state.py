@@ -447,18 +447,23 @@ class KeyGroupStore:
             if changed is not None:
                 self._pending.rows(changed, gone, segment)
 
+    def due(self, bounds: Mapping[int, int]) -> dict[int, list[int]]:
+        """Per segment, ascending, the key groups holding rows in it at or under their bound."""
+        self._check(bounds)
+        due: dict[int, list[int]] = {}
+        for kg, bound in bounds.items():
+            for segment in self._backend.segments(kg):
+                if segment <= bound:
+                    due.setdefault(segment, []).append(kg)
+        return dict(sorted(due.items()))
+
     def cut(self, bounds: Mapping[int, int]) -> pa.Table | None:
         """Take out every row whose segment is at most its key group's bound (without KG)."""
-        self._check(bounds)
-        due: dict[int, list[int]] = {}  # segment -> key groups whose rows in it are taken
-        for kg, bound in bounds.items():
-            segments = [s for s in self._backend.segments(kg) if s <= bound]
-            for segment in segments:
-                due.setdefault(segment, []).append(kg)
-            if segments:
-                self._pending.cut(kg, bound)
+        due = self.due(bounds)
+        for kg in sorted({kg for kgs in due.values() for kg in kgs}):
+            self._pending.cut(kg, bounds[kg])
         taken = []
-        for segment, kgs in sorted(due.items()):
+        for segment, kgs in due.items():
             taken.append(self._backend.read(kgs, segment))
             self._backend.write(segment, kgs, None)
         rows = concat(taken)

@@ -326,15 +326,11 @@ class IntervalJoin(_Join):
 
     def _expiring(self, cuts: dict[int, int]) -> pa.Table | None:
         """The stored left rows that leave state at this batch and met no right row so far."""
-        due: dict[int, list[int]] = {}  # segment -> key groups whose rows in it leave
-        for kg, bound in cuts.items():
-            for segment in self.store.segments(kg):
-                if segment % 2 == 0 and segment <= bound:
-                    due.setdefault(segment, []).append(kg)
         parts = []
-        for segment, kgs in sorted(due.items()):
-            rows = self.store.read(kgs, segment)
-            parts.append(rows.filter(pc.invert(rows.column(_MATCHED))))
+        for segment, kgs in self.store.due(cuts).items():
+            if segment % 2 == 0:
+                rows = self.store.read(kgs, segment)
+                parts.append(rows.filter(pc.invert(rows.column(_MATCHED))))
         return concat(parts)
 
     def _keep(self, new: list, old_left: pa.Table | None, matched: np.ndarray, cut_at: np.ndarray) -> None:
