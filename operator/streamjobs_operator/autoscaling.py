@@ -3,7 +3,7 @@
 Provided structurally: the operator may not import the autoscaler (import-linter keeps the
 components independent), so whatever composes the two passes these objects to its Autoscaler.
 A decision changes the StreamJob's spec, exactly as a user's `kubectl patch` would: the spec
-stays the one source of truth, and the operator's update handler performs the live rescale.
+stays the one source of truth, and the operator's rescaler daemon performs the live rescale.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from typing import Any
 
 import kopf
@@ -119,7 +120,40 @@ def _changing(memo: kopf.Memo) -> threading.Lock:
 @kopf.on.update(*RESOURCE, field="spec")
 def update(body: kopf.Body, memo: kopf.Memo, **_: Any) -> str | None:
     with _changing(memo):
-        return _run(body, memo, lambda ctx: reconcile.update(ctx, body, _reporter(body)))
+        phase = _run(body, memo, lambda ctx: reconcile.update(ctx, body, _reporter(body)))
+    _rescale_asked(memo).set()
+    return phase
+
+
+def _rescale_asked(memo: kopf.Memo) -> threading.Event:
+    """Set when the spec changed: the rescaler looks at once instead of at its next round."""
+    if "rescale_asked" not in memo:
+        memo["rescale_asked"] = threading.Event()
+    return memo["rescale_asked"]
+
+
+@kopf.daemon(*RESOURCE, initial_delay=1.0)
+def rescaler(body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped, **_: Any) -> None:
+    """Carries out the parallelism the spec asks for, from what is persisted: the spec in the resource and the
+    assignments (and any unfinished rescale) in Redis. A rescale takes seconds to minutes; run here, the update
+    handler that accepted the edit is long done, and an operator that restarts meanwhile picks it up again."""
+    asked, next_look = _rescale_asked(memo), 0.0
+    while not stopped:
+        if not asked.wait(0.5) and time.monotonic() < next_look:
+            continue
+        asked.clear()
+        next_look = time.monotonic() + memo.settings.status_interval_s
+        if (body.get("status") or {}).get("phase") not in (status.RUNNING, status.RESCALING) or body["spec"].get("suspend"):
+            continue
+        with _changing(memo):
+            ctx = _context(body, memo)
+            try:
+                if ctx is not None and reconcile.rescale_pending(ctx):
+                    _run(body, memo, lambda ctx: reconcile.rescale(ctx, _reporter(body)))
+            except kopf.TemporaryError as exc:  # already reported: look again after its delay
+                stopped.wait(exc.delay or memo.settings.status_interval_s)
+            except Exception:  # noqa: BLE001 - Redis or the API away, a timeout: the next round resumes from Redis
+                log.exception("rescaler of %s", body["metadata"]["name"])
 
 
 @kopf.on.resume(*RESOURCE)

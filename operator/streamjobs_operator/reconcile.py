@@ -218,7 +218,8 @@ def create(ctx: JobContext, body: Any, report: Callable[[str, dict], None] = lam
 
 def update(ctx: JobContext, body: Any, report: Callable[[str, dict], None] = lambda reason, record: None) -> str:
     """A spec edit: refused as a whole if a field cannot change on the running job; else deploy what is
-    missing (sources of a job created suspended), then suspend, or change live and rescale."""
+    missing (sources of a job created suspended), then suspend, or change live. A new parallelism is the
+    rescaler's to carry out (`rescale`, from the spec and the assignments in Redis), not this handler's."""
     with ctx.redis() as r:
         plan = store.read_plan(r, ctx.owner.job)
     reset = _reset_asked(plan, ctx.job, body)
@@ -228,7 +229,7 @@ def update(ctx: JobContext, body: Any, report: Callable[[str, dict], None] = lam
         return status.SUSPENDED
     if changes is not None and changes.live:
         reconfigure(ctx, changes, report, reset)
-    return rescale(ctx, report)
+    return status.RUNNING
 
 
 def _annotated_reset(body: Any) -> tuple[str, ...]:
@@ -270,6 +271,19 @@ def reconfigure(ctx: JobContext, changes: Reconfiguration,
 def _publish_plan(ctx: JobContext, plan: JobPlan) -> None:
     ctx.kube.patch("configmaps", ctx.owner.namespace, resources.configmap_name(ctx.owner.name),
                    {"data": {"plan.json": plan.to_json()}})
+
+
+def rescale_pending(ctx: JobContext) -> bool:
+    """Whether `rescale` has work: a rescale a controller left unfinished, or an operator whose spec asks for
+    another parallelism than its assignment has."""
+    with ctx.redis() as r:
+        plan = store.read_plan(r, ctx.owner.job)
+        if plan is None:
+            return False
+        if RedisJobStore(r, plan.id).rescale_state() is not None:
+            return True
+        assigned = store.assignments(r, plan)
+        return any(ctx.job.spec.operator(op).parallelism != assigned[op][1] for op in plan.vertices if op in assigned)
 
 
 def rescale(ctx: JobContext, report: Callable[[str, dict], None] = lambda reason, record: None) -> str:

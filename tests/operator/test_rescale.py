@@ -58,6 +58,16 @@ def test_a_window_stage_in_pods_rescales_by_a_spec_edit_with_prestaged_state_and
         return a.epoch == epoch and a.parallelism == n
 
     _set_stage_parallelism(kube, doc, 3)  # scale out
+
+    def handled_while_rescaling() -> bool:
+        """kopf recorded the edit as handled while the controller's rescale is still under way: the update
+        handler accepted it and returned; the rescaler daemon does the long work."""
+        annotations = get(kube, "elastic")["metadata"].get("annotations") or {}
+        handled = json.loads(annotations.get("streamjobs.dev/last-handled-configuration") or "{}")
+        return (handled.get("spec", {}).get("stages", [{}])[0].get("parallelism") == 3
+                and jobs.rescale_state() is not None)
+
+    eventually(handled_while_rescaling, 120, "the edit handled while its rescale runs")
     eventually(lambda: assigned(3, 2), 180, "counts at 3 instances, epoch 2")
     eventually(lambda: set(_statefulsets(kube, "elastic")) == {"elastic-words-e1", "elastic-counts-e2"}, 60,
                "the old StatefulSet deleted")

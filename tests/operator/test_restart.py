@@ -1,8 +1,8 @@
 """The operator is killed (SIGKILL) in the middle of a rescale; a new operator process resumes it.
 
 The rescale controller persists its phase in Redis; the new operator's resume
-and update handlers finish or roll back what it finds there, then reach the
-spec's parallelism. The output stays exact.
+handler and rescaler daemon finish or roll back what it finds there, then reach
+the spec's parallelism. The output stays exact.
 """
 
 from __future__ import annotations
