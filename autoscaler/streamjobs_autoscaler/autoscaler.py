@@ -47,6 +47,8 @@ class Autoscaler:
         self._blocked_up: dict[str, str] = {}
         self._up_streak: dict[str, int] = {}
         self._to_judge: dict[str, dict] = {}  # scale-ups whose achieved capacity is checked next time
+        self._catching_up: set[str] = set()  # operators scaled beyond their steady need to catch a backlog up
+        self._batch_costs: dict[str, float] = {}  # per operator, the fixed cost per batch last fitted
         self._last_holds: tuple = ()
 
     def follow(self, topology: Topology) -> None:
@@ -63,6 +65,8 @@ class Autoscaler:
         for remembered in (self._down_asked, self._blocked_up, self._up_streak, self._to_judge):
             for name in [n for n in remembered if n not in names]:
                 del remembered[name]
+        self._catching_up &= names
+        self._batch_costs.clear()  # a chain's logic may have changed, and its batches' cost with it
 
     def tick(self) -> Decision | None:
         """Collect, and when a full window after stabilization is there, decide and execute."""
@@ -93,9 +97,10 @@ class Autoscaler:
             self._window.popleft()
         if now - self._window[0].time < self.settings.metrics_window_s:
             return None
-        rates = window_rates(self._window)
+        rates = window_rates(self._window, self._batch_costs)
         if not rates:
             return None
+        self._batch_costs.update({op: rate.batch_cost_s for op, rate in rates.items() if rate.batch_cost_s})
         self._judge_scale_ups(rates, now)
         return self._decide(rates, now)
 
@@ -108,11 +113,14 @@ class Autoscaler:
         decided = []
         for d in recommended:
             op = d.operator
+            if op in self._catching_up:
+                d = guards.caught_up(d, rates[op], self.settings)
             d = guards.max_step(d, self.settings)
             d, self._up_streak[op] = guards.activation(d, self._up_streak.get(op, 0), self.settings)
             d = guards.ineffective(d, self._blocked_up.get(op))
-            d = guards.undone_by_history(d, now, history, self.settings)
-            d, self._down_asked[op] = guards.scale_down_delay(d, now, self._down_asked.get(op), self.settings)
+            if d.rule != Rule.CATCH_UP_DONE:  # planned when the catch-up was decided: neither delayed nor vetoed
+                d = guards.undone_by_history(d, now, history, self.settings)
+                d, self._down_asked[op] = guards.scale_down_delay(d, now, self._down_asked.get(op), self.settings)
             decided.append(d)
         decision = Decision(now, self.settings.policy, tuple(decided))
         # A decision that changes nothing is recorded only when what holds changes back differs from last time.
@@ -136,6 +144,11 @@ class Autoscaler:
             if d.parallelism > d.current and d.true_rate_per_instance:
                 self._to_judge[d.operator] = {"from": d.current, "to": d.parallelism,
                                               "true_rate": d.true_rate_per_instance}
+            # Catching up: the policy asked for instances beyond the steady need (not a guard rail keeping more).
+            if d.steady_parallelism is not None and d.recommended > d.steady_parallelism < d.parallelism:
+                self._catching_up.add(d.operator)
+            else:
+                self._catching_up.discard(d.operator)
         decision = replace(decision, executed=error is None, error=error)
         self._record(decision)
         # Metrics that include the rescale say nothing about the new configuration.

@@ -30,6 +30,7 @@ class OperatorCounters:
     batches: float = 0.0  # batches that carried records, and two sums over them for the cost fit:
     batch_records_sq: float = 0.0  # records^2
     batch_records_busy: float = 0.0  # records x busy seconds
+    batch_busy_sq: float = 0.0  # busy seconds^2
     lag: float = 0.0  # records waiting in the operator's kg streams
     pending: float = 0.0  # records due at a source and not yet emitted
     watermark_ms: float = float("inf")
@@ -55,6 +56,7 @@ _SUMMED = {
     "streamjobs_batches_total": "batches",
     "streamjobs_batch_records_squared_total": "batch_records_sq",
     "streamjobs_batch_records_busy_seconds_total": "batch_records_busy",
+    "streamjobs_batch_busy_squared_seconds_total": "batch_busy_sq",
     "streamjobs_kg_lag_records": "lag",
     "streamjobs_source_pending_records": "pending",
 }

@@ -12,7 +12,7 @@ class Rule(StrEnum):
     DS2 = "ds2"
     DS2_NO_BUSY_TIME = "ds2: no busy time in the window, kept"
     DS2_IN_BAND = "ds2: within the utilization band"
-    DS2_BELOW_BAND = "ds2: below the utilization band, kept"
+    CATCH_UP_DONE = "ds2: backlog caught up, back to the steady parallelism"
     REACTIVE_UP = "reactive: backlog per instance over lagHighRecords"
     REACTIVE_DOWN = "reactive: backlog per instance under lagLowRecords, idle"
     REACTIVE_HOLD = "reactive: within thresholds"
@@ -46,6 +46,7 @@ class OperatorDecision:
     input_rate: float | None = None
     utilization: float | None = None
     backlog: float | None = None
+    steady_parallelism: int | None = None  # ds2: what the steady rate needs; less than `parallelism` while catching up
     note: str = ""
 
     @property

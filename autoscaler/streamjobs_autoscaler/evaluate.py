@@ -7,10 +7,12 @@ instances. A micro-batch also pays a fixed cost (a Spark job's ~0.25 s floor)
 that a busier instance spreads over larger batches; counted as per-record time
 it would make a lightly loaded instance look slow and DS2 ask for instances
 that add nothing. So busy time is fitted as `fixed x batches + per_record x
-records` over the window's batches, and the true rate is `1 / per_record`. Target rates start at the sources (what arrives, plus the backlog
-to catch up) and flow downstream through each operator's observed
-selectivity, so every operator is sized in one decision, before its input
-has even grown.
+records` over the window's batches, and the true rate is `1 / per_record`.
+Steady rates start at the sources (what arrives) and flow downstream through
+each operator's observed selectivity, so every operator is sized in one
+decision, before its input has even grown. Backlogs are not part of the steady
+rate: a catch-up rate (the backlogs over catchUpSeconds) says whether the
+steady instances' headroom catches them up in time (policies.py).
 """
 
 from __future__ import annotations
@@ -37,10 +39,12 @@ class Rates:
     batch_cost_s: float = 0.0  # fitted fixed busy seconds per batch, left out of the true rate
 
 
-def window_rates(window: Sequence[Snapshot]) -> dict[str, Rates]:
+def window_rates(window: Sequence[Snapshot], batch_costs: dict[str, float] | None = None) -> dict[str, Rates]:
     """Rates over a window of snapshots (oldest first). A source's arrival rate is the larger of the
     window's average and its last interval's: a step up in load shows at once, a step down only
-    once the whole window saw it (scaling down late is cheap, scaling up late is not)."""
+    once the whole window saw it (scaling down late is cheap, scaling up late is not). `batch_costs`:
+    each operator's fixed cost per batch as an earlier window fitted it, used where this one cannot
+    tell the costs apart (equal batches under a steady load)."""
     first, previous, last = window[0], window[-2], window[-1]
     if last.time <= first.time:
         raise ValueError("a window needs two snapshots at different times")
@@ -52,8 +56,12 @@ def window_rates(window: Sequence[Snapshot]) -> dict[str, Rates]:
         busy = max(0.0, end.busy_s - start.busy_s)
         idle = max(0.0, end.idle_s - start.idle_s)
         fit = cost_fit(start, end)
+        known = (batch_costs or {}).get(op, 0.0)
+        per_record_busy = busy - (end.batches - start.batches) * known
         if fit is not None:
             batch_cost, true_rate = fit[0], 1 / fit[1]
+        elif known and records_in > 0 and per_record_busy > MIN_PER_RECORD_SHARE * busy:
+            batch_cost, true_rate = known, records_in / per_record_busy
         else:
             batch_cost, true_rate = 0.0, records_in / busy if busy > 0.01 and records_in > 0 else None
         rates[op] = Rates(
@@ -71,28 +79,36 @@ def window_rates(window: Sequence[Snapshot]) -> dict[str, Rates]:
     return rates
 
 
-MIN_FIT_BATCHES = 10
-MIN_FIT_SPREAD = 0.1  # batch sizes' coefficient of variation below which the two costs cannot be told apart
+MIN_FIT_BATCHES = 4
+# Below this share of busy time left for records once a remembered fixed cost is taken out, that cost no longer
+# describes the operator (its batches got cheaper): records / busy is used instead.
+MIN_PER_RECORD_SHARE = 0.2
+MAX_FIT_ERROR = 0.1  # the per-record cost's standard error, as a share of it, above which the fit is not used
 
 
 def cost_fit(start: OperatorCounters, end: OperatorCounters) -> tuple[float, float] | None:
     """(fixed busy seconds per batch, busy seconds per record): least squares over the batches between two
-    snapshots, from the sums the workers export. None when there are too few batches, their sizes hardly
-    varied, or the fit is not physical (then records / busy is the honest, pessimistic rate)."""
+    snapshots, from the sums the workers export. None when the fit's per-record cost is uncertain (too few
+    batches, sizes that hardly varied, scattered busy times) or not physical: then records / busy is the
+    honest, pessimistic rate. Judged by its standard error, a fit is used as soon as the data carry it: a
+    step in load gives a few batches of a new size, enough to tell the two costs apart before a steady
+    window of equal batches could."""
     n = end.batches - start.batches
     if n < MIN_FIT_BATCHES:
         return None
     records = end.records_in - start.records_in
     busy = end.busy_s - start.busy_s
-    squares = end.batch_records_sq - start.batch_records_sq
-    products = end.batch_records_busy - start.batch_records_busy
-    mean = records / n
-    variance = squares / n - mean * mean
-    if mean <= 0 or variance <= (MIN_FIT_SPREAD * mean) ** 2:
+    mean, mean_busy = records / n, busy / n
+    variance = (end.batch_records_sq - start.batch_records_sq) / n - mean * mean
+    if mean <= 0 or variance <= (1e-6 * mean) ** 2:
         return None
-    per_record = (products / n - mean * busy / n) / variance
-    fixed = busy / n - per_record * mean
+    per_record = ((end.batch_records_busy - start.batch_records_busy) / n - mean * mean_busy) / variance
+    fixed = mean_busy - per_record * mean
     if per_record <= 0 or fixed < 0:
+        return None
+    busy_variance = (end.batch_busy_sq - start.batch_busy_sq) / n - mean_busy * mean_busy
+    residual = max(0.0, busy_variance - per_record * per_record * variance) * n / (n - 2)
+    if math.sqrt(residual / (n * variance)) > MAX_FIT_ERROR * per_record:
         return None
     return fixed, per_record
 
@@ -104,10 +120,11 @@ def _arrival(start: OperatorCounters, end: OperatorCounters, dt: float) -> float
 
 @dataclass(frozen=True)
 class Target:
-    target_rate: float  # records per second the operator must process if it is rescaled
-    steady_rate: float  # the same without the input that piles up during a rescale
+    steady_rate: float  # records per second arriving at the operator once every backlog upstream is gone
+    catch_up_rate: float  # the same while it and its upstreams catch their backlogs up within catchUpSeconds
+    pile_up_rate: float  # what a rescale would add to that: its own pile-up, caught up within catchUpSeconds
     true_rate_per_instance: float | None
-    parallelism: float | None  # exact (unrounded) instances needed; None when the true rate is unknown
+    parallelism: float | None  # exact (unrounded) instances the steady rate needs; None when the true rate is unknown
     selectivity: float  # output records per input record and consumer
 
     def utilization(self, instances: int) -> float | None:
@@ -116,38 +133,47 @@ class Target:
             return None
         return self.steady_rate / (self.true_rate_per_instance * max(1, instances))
 
+    def catches_up(self, instances: int, rescaling: bool) -> bool:
+        """Whether `instances`, fully busy, drain the backlog within catchUpSeconds (with a rescale's pile-up)."""
+        rate = self.catch_up_rate + (self.pile_up_rate if rescaling else 0.0)
+        return rate <= (self.true_rate_per_instance or 0.0) * instances
+
 
 def ds2(topology: Topology, rates: dict[str, Rates], settings: AutoscalerSettings) -> dict[str, Target]:
-    """Target rates and needed parallelism of every operator, from sources to sinks in one pass."""
+    """Steady and catch-up rates and the steady parallelism of every operator, from sources to sinks in one
+    pass. The steady rate sizes the operator; its backlog (and what a rescale would pile up) is caught up by
+    the instances' headroom, or by instances added for the catch-up alone (policies.py)."""
     targets: dict[str, Target] = {}
-    catch_up = settings.catch_up_seconds
+    horizon = settings.catch_up_seconds
     for info in topology.operators:
         rate = rates.get(info.name)
         if rate is None:
             continue
         if info.is_source:
-            # What arrives and the backlog to catch up; sizing a rescale adds what arrives while it runs.
-            steady = rate.arrival_per_s + rate.backlog / catch_up
-            target = steady + rate.arrival_per_s * settings.expected_rescale_s / catch_up
+            steady = catch_up = rate.arrival_per_s
         else:
             feeding = [targets[u] for u in info.inputs if u in targets]
-            steady = sum(u.steady_rate * u.selectivity for u in feeding) + rate.backlog / catch_up
-            target = sum(u.target_rate * u.selectivity for u in feeding) + rate.backlog / catch_up
+            steady = sum(u.steady_rate * u.selectivity for u in feeding)
+            catch_up = sum(u.catch_up_rate * u.selectivity for u in feeding)
+        catch_up += rate.backlog / horizon
         selectivity = rate.output_per_s / rate.input_per_s / max(1, info.consumers) if rate.input_per_s > 0 else 1.0
         true_rate = rate.true_rate_per_instance
-        needed = target / (true_rate * settings.target_utilization) if true_rate else None
-        targets[info.name] = Target(target, steady, true_rate, needed, selectivity)
+        # During a live rescale the old instances keep processing: only what they cannot carry piles up
+        # (all of it when the strategy stops the job).
+        kept = 0.0 if topology.rescale_stops or not true_rate else true_rate * rate.instances
+        pile_up = max(0.0, steady - kept) * settings.expected_rescale_s / horizon
+        needed = steady / (true_rate * settings.target_utilization) if true_rate else None
+        targets[info.name] = Target(steady, catch_up, pile_up, true_rate, needed, selectivity)
     return targets
 
 
-def evenly_spread(parallelism: float, key_groups: int, lowest: int, highest: int) -> tuple[int, bool]:
-    """The smallest divisor of key_groups >= parallelism within [lowest, highest]; and whether the bounds
-    kept it below what was asked (then the largest divisor allowed)."""
+def balanced(parallelism: float, key_groups: int, lowest: int, highest: int) -> tuple[int, bool]:
+    """The fewest instances, within [lowest, highest], of which even the one holding the most key groups
+    (ceil(key_groups / n) of them) carries no more than its share of `parallelism` instances' load; and
+    whether the bounds kept it below that. 128 key groups need 3 instances (43 each at most) for a need
+    of 2.5, not the 4 that a divisor would take; 4 partitions need 4 instances for a need of 3."""
     wanted = max(lowest, math.ceil(parallelism - 1e-9))
-    divisors = [d for d in range(1, key_groups + 1) if key_groups % d == 0 and lowest <= d <= highest]
-    if not divisors:
-        return min(max(wanted, lowest), highest), wanted > highest
-    above = [d for d in divisors if d >= wanted]
-    if above:
-        return above[0], False
-    return divisors[-1], True
+    for n in range(wanted, highest + 1):
+        if parallelism * math.ceil(key_groups / n) <= key_groups * (1 + 1e-9):
+            return n, False
+    return max(lowest, min(highest, key_groups)), wanted > highest or wanted > key_groups

@@ -14,6 +14,18 @@ from dataclasses import replace
 from streamjobs_core.spec import AutoscalerSettings
 
 from .decision import OperatorDecision, Rule
+from .evaluate import Rates
+
+
+def caught_up(d: OperatorDecision, rate: Rates, settings: AutoscalerSettings) -> OperatorDecision:
+    """An operator scaled out for a catch-up goes back to what its steady rate needs once its backlog is
+    down to an interval's input: the scale-back planned with the catch-up, not a new scale-down to wait for."""
+    if d.steady_parallelism is None or d.steady_parallelism >= d.current or d.parallelism > d.current:
+        return d
+    if rate.backlog > max(rate.input_per_s, 1.0) * settings.interval_s:
+        return d
+    return replace(d, parallelism=d.steady_parallelism, rule=Rule.CATCH_UP_DONE,
+                   note=_and(d.note, f"backlog {rate.backlog:,.0f}, under an interval's input"))
 
 
 def max_step(d: OperatorDecision, settings: AutoscalerSettings) -> OperatorDecision:

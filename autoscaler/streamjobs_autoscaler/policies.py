@@ -7,7 +7,7 @@ from collections.abc import Callable
 from streamjobs_core.spec import AutoscalerSettings
 
 from .decision import OperatorDecision, Rule
-from .evaluate import Rates, ds2, evenly_spread
+from .evaluate import Rates, balanced, ds2
 from .topology import Topology
 
 Policy = Callable[[Topology, dict[str, Rates], dict[str, int], AutoscalerSettings], list[OperatorDecision]]
@@ -21,39 +21,44 @@ def bounds(settings: AutoscalerSettings, key_groups: int) -> tuple[int, int]:
 def ds2_policy(
     topology: Topology, rates: dict[str, Rates], current: dict[str, int], settings: AutoscalerSettings
 ) -> list[OperatorDecision]:
+    """Per operator: the instances its steady rate needs at the target utilization, and, only while its
+    backlog (with what the rescale itself piles up) would not be caught up within catchUpSeconds by their
+    headroom, more for the catch-up, with a scale-back to the steady parallelism planned for when it is
+    done (the autoscaler carries that out without the scale-down delay)."""
     targets = ds2(topology, rates, settings)
     out = []
     for info in topology.operators:
         if info.name not in targets:
             continue
         target, rate, now = targets[info.name], rates[info.name], current[info.name]
-        common = dict(target_rate=target.target_rate, true_rate_per_instance=target.true_rate_per_instance,
+        common = dict(target_rate=target.catch_up_rate, true_rate_per_instance=target.true_rate_per_instance,
                       batch_cost_s=rate.batch_cost_s,
                       input_rate=rate.input_per_s, utilization=rate.busy_ratio, backlog=rate.backlog)
         if target.parallelism is None:
             out.append(OperatorDecision(info.name, now, now, now, Rule.DS2_NO_BUSY_TIME, **common))
             continue
+        lowest, highest = bounds(settings, info.key_groups)
+        steady, limited = balanced(target.parallelism, info.key_groups, lowest, highest)
         utilization = target.utilization(now)
         band = (settings.target_utilization - settings.utilization_boundary,
                 settings.target_utilization + settings.utilization_boundary)
-        if band[0] <= utilization <= band[1]:
+        if band[0] <= utilization <= band[1] and target.catches_up(now, rescaling=False):
             out.append(OperatorDecision(
-                info.name, now, now, now, Rule.DS2_IN_BAND, note=(
-                    f"busy {utilization:.0%} at the target rate, within {band[0]:.0%}-{band[1]:.0%}"), **common))
+                info.name, now, now, now, Rule.DS2_IN_BAND, steady_parallelism=steady, note=(
+                    f"busy {utilization:.0%} at the steady rate, within {band[0]:.0%}-{band[1]:.0%}"), **common))
             continue
-        lowest, highest = bounds(settings, info.key_groups)
-        wanted, limited = evenly_spread(target.parallelism, info.key_groups, lowest, highest)
-        if utilization < band[0] and wanted > now:
-            # The operator keeps up with room to spare: only the input a rescale would pile up asks for more
-            # instances, and that input piles up only if we rescale.
-            out.append(OperatorDecision(
-                info.name, now, now, now, Rule.DS2_BELOW_BAND, note=(
-                    f"busy {utilization:.0%} at the target rate, under {band[0]:.0%}; a rescale's own "
-                    f"pile-up would need {target.parallelism:.2f}"), **common))
-            continue
-        note = (f"needs {target.parallelism:.2f}; limited to {wanted} by the bounds" if limited
-                else f"needs {target.parallelism:.2f}, rounded to a divisor of {info.key_groups} key groups")
-        out.append(OperatorDecision(info.name, now, wanted, wanted, Rule.DS2, note=note, **common))
+        note = (f"needs {target.parallelism:.2f} for {target.steady_rate:,.0f} rec/s" +
+                (f"; limited to {steady} by the bounds" if limited else ""))
+        wanted = steady
+        if not target.catches_up(steady, rescaling=steady != now):
+            catch_up_rate = target.catch_up_rate + target.pile_up_rate  # catching up takes a rescale
+            wanted, _ = balanced(catch_up_rate / target.true_rate_per_instance, info.key_groups, lowest, highest)
+            wanted = max(wanted, steady)
+            if wanted > steady:
+                note += (f"; {wanted} catch up the backlog within {settings.catch_up_seconds:g} s, back to "
+                         f"{steady} when it is gone")
+        out.append(OperatorDecision(info.name, now, wanted, wanted, Rule.DS2, steady_parallelism=steady,
+                                    note=note, **common))
     return out
 
 

@@ -19,7 +19,7 @@ class OperatorInfo:
     name: str  # a chain's head: what is deployed and rescaled
     inputs: tuple[str, ...]  # the heads of the chains that feed it
     consumers: int  # an upstream writes each record once per consumer: records_out counts every copy
-    key_groups: int  # parallelism that divides this spreads key groups (or source partitions) evenly
+    key_groups: int  # what its instances share: key groups (or a source's partitions)
     is_source: bool
     output: str | None = None  # the chain's tail, whose output leaves it; None: the head itself
 
@@ -27,6 +27,7 @@ class OperatorInfo:
 @dataclass(frozen=True)
 class Topology:
     operators: tuple[OperatorInfo, ...]  # in topological order
+    rescale_stops: bool = False  # the rescale strategy stops the job (restart): nothing is processed meanwhile
 
     @classmethod
     def of(cls, plan: JobPlan) -> Topology:
@@ -39,7 +40,7 @@ class Topology:
                 chain.head, inputs, len(spec.consumers(chain.tail)), plan.key_groups(chain.head),
                 chain.head in sources, chain.tail if chain.tail != chain.head else None,
             ))
-        return cls(tuple(infos))
+        return cls(tuple(infos), spec.rescale.strategy == "restart")
 
     def fold(self, snapshot: Snapshot) -> Snapshot:
         """Per chain: its head's counters (input, busy time, lag: the chain's worker) with its tail's output."""

@@ -670,10 +670,14 @@ class AutoscalerSettings(_Model):
         0.2, ge=0, lt=1, description="ds2 keeps an operator whose busy share at the target rate stays within "
         "targetUtilization +- this (Flink's utilization boundary): no rescale for small swings of load.",
     )
-    catch_up_seconds: float = Field(60.0, gt=0, description="Backlog (source pending + kg lag) is caught up within this.")
+    catch_up_seconds: float = Field(
+        60.0, gt=0, description="Backlog (source pending + kg lag) is caught up within this: by the steady "
+        "instances' headroom, or by instances ds2 adds for the catch-up alone and takes back once it is done.",
+    )
     expected_rescale_s: float = Field(
-        20.0, ge=0, description="Input that piles up during a rescale, also to be caught up: added to the target "
-        "rate when a rescale is decided anyway, never a reason for one.",
+        20.0, ge=0, description="How long a rescale takes: the input the old instances cannot carry meanwhile (all "
+        "of it for the restart strategy) piles up and is caught up too; part of a rescale decided anyway, never "
+        "a reason for one.",
     )
     stabilization_s: float = Field(
         30.0, ge=0, description="After a rescale, no decision on metrics that include it or this long after it."

@@ -68,6 +68,8 @@ class FluidJob:
                 stage.batches += batches
                 stage.batch_records_sq += squares
                 stage.batch_records_busy += self.batch_cost_s * processed + squares / per_instance
+                stage.batch_busy_sq += (batches * self.batch_cost_s**2 + 2 * self.batch_cost_s * processed / per_instance
+                                        + squares / per_instance**2)
             out = processed * self.selectivity
             sink.records_in += out
             sink.busy_s += out / 1e6

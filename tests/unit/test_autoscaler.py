@@ -8,7 +8,7 @@ import pytest
 from streamjobs_autoscaler.autoscaler import Autoscaler
 from streamjobs_autoscaler.collect import OperatorCounters, Snapshot
 from streamjobs_autoscaler.decision import Rule
-from streamjobs_autoscaler.evaluate import ds2, evenly_spread, window_rates
+from streamjobs_autoscaler.evaluate import balanced, ds2, window_rates
 from streamjobs_autoscaler.policies import ds2_policy
 from streamjobs_autoscaler.ports import MemoryDecisionLog
 from streamjobs_autoscaler.topology import OperatorInfo, Topology
@@ -70,44 +70,139 @@ def test_a_fixed_cost_per_batch_is_fitted_out_of_the_true_rate():
     assert rates.batch_cost_s == pytest.approx(0.3)
 
 
-@pytest.mark.parametrize("sizes", [[200] * 20, [100, 300] * 4], ids=["equal sizes", "too few batches"])
-def test_without_a_usable_fit_the_true_rate_is_records_per_busy_second(sizes):
+def test_a_step_in_load_gives_a_fit_within_a_few_batches():
+    # Four equal batches, then two of four times the size: enough to tell the costs apart at once.
     window = [Snapshot(0, {"op": OperatorCounters(instances=1)}),
-              Snapshot(10, {"op": batches(sizes, 0.3, 0.001)})]
+              Snapshot(10, {"op": batches([600] * 4 + [2400] * 2, 0.08, 0.0011)})]
+    rates = window_rates(window)["op"]
+    assert rates.true_rate_per_instance == pytest.approx(1 / 0.0011)
+    assert rates.batch_cost_s == pytest.approx(0.08)
+
+
+def noisy(sizes: list[int], fixed_s: float, per_record_s: float, jitter_s: float) -> OperatorCounters:
+    """As `batches`, with busy times alternately jitter_s longer and shorter."""
+    busy = [fixed_s + per_record_s * n + jitter_s * (-1) ** i for i, n in enumerate(sizes)]
+    return OperatorCounters(instances=1, records_in=sum(sizes), busy_s=sum(busy), batches=len(sizes),
+                            batch_records_sq=sum(n * n for n in sizes),
+                            batch_records_busy=sum(n * d for n, d in zip(sizes, busy)),
+                            batch_busy_sq=sum(d * d for d in busy))
+
+
+@pytest.mark.parametrize("sizes", [[200] * 20, [200, 210] * 10, [100, 300]], ids=[
+    "equal sizes", "sizes within the noise", "too few batches"])
+def test_without_a_sure_fit_the_true_rate_is_records_per_busy_second(sizes):
+    window = [Snapshot(0, {"op": OperatorCounters(instances=1)}),
+              Snapshot(10, {"op": noisy(sizes, 0.3, 0.001, 0.02)})]
     rates = window_rates(window)["op"]
     assert rates.true_rate_per_instance == pytest.approx(sum(sizes) / (0.3 * len(sizes) + 0.001 * sum(sizes)))
     assert rates.batch_cost_s == 0
 
 
-def test_source_target_includes_backlog_growth_and_catch_up():
+def test_a_fixed_cost_fitted_once_is_taken_out_of_later_windows_of_equal_batches():
+    """Under a steady load every batch is alike and no fit can tell the costs apart; records per busy second
+    would count 0.08 s of every 600-record batch as per-record time (a quarter off the capacity). The cost
+    an earlier window fitted is taken out instead; unless it would leave too little for the records."""
+    window = [Snapshot(0, {"op": OperatorCounters(instances=1)}), Snapshot(10, {"op": batches([600] * 5, 0.08, 0.001)})]
+    assert window_rates(window)["op"].true_rate_per_instance == pytest.approx(3000 / 3.4)
+    remembered = window_rates(window, {"op": 0.08})["op"]
+    assert (remembered.true_rate_per_instance, remembered.batch_cost_s) == (pytest.approx(1000), 0.08)
+    assert window_rates(window, {"op": 0.6})["op"].true_rate_per_instance == pytest.approx(3000 / 3.4)
+
+
+def test_the_autoscaler_remembers_the_fixed_cost_it_fitted():
+    job = FluidJob(rate=700, batch_cost_s=0.3)
+    scaler, _ = autoscaler(job)
+    run(job, scaler, 60)
+    assert scaler._batch_costs["stage"] == pytest.approx(0.3)
+
+
+def test_a_source_is_sized_by_what_arrives_and_catches_its_backlog_up_apart():
     a = Snapshot(0, {"src": OperatorCounters(records_in=0, pending=0, busy_s=0.0)})
-    b = Snapshot(10, {"src": OperatorCounters(records_in=10_000, records_out=10_000, pending=6_000, busy_s=1)})
-    settings = AutoscalerSettings(catch_up_seconds=60, expected_rescale_s=0)
+    b = Snapshot(10, {"src": OperatorCounters(instances=1, records_in=10_000, records_out=10_000, pending=6_000,
+                                              busy_s=1)})
+    settings = AutoscalerSettings(catch_up_seconds=60, expected_rescale_s=30)
     topology = Topology((OperatorInfo("src", (), 1, 120, True),))
     target = ds2(topology, window_rates([a, b]), settings)["src"]
     # 1,600 rec/s arrive (1,000 emitted + 600 piling up); 6,000 pending caught up in 60 s.
-    assert target.target_rate == pytest.approx(1600 + 100)
+    assert target.steady_rate == pytest.approx(1600)
+    assert target.catch_up_rate == pytest.approx(1600 + 100)
+    # One instance does 10,000 records per busy second: a live rescale piles nothing up.
+    assert target.pile_up_rate == 0
+    stopping = Topology(topology.operators, rescale_stops=True)
+    assert ds2(stopping, window_rates([a, b]), settings)["src"].pile_up_rate == pytest.approx(1600 * 30 / 60)
 
 
 def test_targets_flow_downstream_through_selectivity():
     job = FluidJob(rate=4000, selectivity=0.25)
     job.advance(30)
-    a = job.collect(0)
+    a = job.collect(job.now)
     job.advance(30)
     targets = ds2(TOPOLOGY, window_rates([a, job.collect(job.now)]), AutoscalerSettings(expected_rescale_s=0))
-    assert targets["stage"].target_rate > 4000  # the input rate plus the lag that already piled up
-    assert targets["sink"].target_rate == pytest.approx(targets["stage"].target_rate * 0.25)
+    assert targets["stage"].steady_rate == pytest.approx(4000)
+    assert targets["stage"].catch_up_rate > 4000  # the input rate plus the lag that already piled up
+    assert targets["sink"].catch_up_rate == pytest.approx(targets["stage"].catch_up_rate * 0.25)
 
 
-@pytest.mark.parametrize(("needed", "bounds", "expected"), [
-    (6.2, (1, 120), (8, False)),  # 7 does not divide 120
-    (4.0, (1, 120), (4, False)),
-    (0.3, (1, 120), (1, False)),
-    (9.0, (1, 8), (8, True)),  # the bound keeps it below what is needed: the decision says so
-    (2.5, (3, 120), (3, False)),
+def _window(counters: dict[str, dict]) -> dict:
+    """Rates of a 10 s window whose end counters are these (its start: all zero)."""
+    start = Snapshot(0, {op: OperatorCounters(instances=c.get("instances", 1)) for op, c in counters.items()})
+    end = Snapshot(10, {op: OperatorCounters(**{"instances": 1, **c}) for op, c in counters.items()})
+    return window_rates([start, end])
+
+
+def test_one_decision_sizes_every_stage_of_a_dataflow_through_its_selectivities():
+    """NEXMark Q5's shape: bids -> a sliding window (each bid in 5 windows) -> a max per window -> a sink.
+    The source's step up reaches the later stages through the selectivities the window saw before, so both
+    are sized in the decision that sees it, each by its own true rate, before their own input has grown."""
+    topology = Topology((
+        OperatorInfo("bids", (), 1, 120, True),
+        OperatorInfo("counts", ("bids",), 1, 120, False),
+        OperatorInfo("hottest", ("counts",), 1, 120, False),
+        OperatorInfo("sink", ("hottest",), 0, 120, False),
+    ))
+    rates = _window({
+        "bids": dict(records_in=20_000, records_out=20_000, pending=30_000, busy_s=0.5),  # 2,000 emitted, 5,000 due
+        "counts": dict(records_in=20_000, records_out=4_000, busy_s=5.0),  # 4,000 rec per busy s
+        "hottest": dict(records_in=4_000, records_out=400, busy_s=4.0),  # 1,000 rec per busy s
+        "sink": dict(records_in=400, busy_s=0.1),
+    })
+    settings = AutoscalerSettings(policy="ds2", target_utilization=0.5, expected_rescale_s=0)
+    decided = {d.operator: d for d in ds2_policy(topology, rates, {op: 1 for op in rates}, settings)}
+    # 5,000 bids a second: counts needs 5,000 / (4,000 x 0.5) = 2.5 -> 3; hottest gets 5,000 x 0.2 = 1,000 a
+    # second and needs 1,000 / (1,000 x 0.5) = 2.
+    assert (decided["counts"].parallelism, decided["hottest"].parallelism) == (3, 2)
+    assert "needs 2.00 for 1,000 rec/s" in decided["hottest"].explain()
+
+
+def test_a_join_is_sized_by_both_of_its_inputs():
+    topology = Topology((
+        OperatorInfo("auctions", (), 1, 4, True),
+        OperatorInfo("bids", (), 1, 4, True),
+        OperatorInfo("join", ("auctions", "bids"), 1, 120, False),
+    ))
+    rates = _window({
+        "auctions": dict(records_in=2_000, records_out=2_000, busy_s=0.1),
+        "bids": dict(records_in=20_000, records_out=20_000, pending=10_000, busy_s=0.5),  # 3,000 due a second
+        "join": dict(records_in=22_000, records_out=1_000, busy_s=5.5),  # 4,000 rec per busy s
+    })
+    settings = AutoscalerSettings(policy="ds2", target_utilization=0.5, expected_rescale_s=0)
+    target = ds2(topology, rates, settings)["join"]
+    assert target.steady_rate == pytest.approx(200 + 3_000)
+    assert target.parallelism == pytest.approx(3_200 / (4_000 * 0.5))
+
+
+@pytest.mark.parametrize(("needed", "key_groups", "bounds", "expected"), [
+    (6.2, 120, (1, 120), (7, False)),  # 18 key groups at most for one, within its share of 120 / 6.2 = 19.4
+    (4.0, 120, (1, 120), (4, False)),
+    (0.3, 120, (1, 120), (1, False)),
+    (9.0, 120, (1, 8), (8, True)),  # the bound keeps it below what is needed: the decision says so
+    (2.5, 120, (3, 120), (3, False)),
+    (2.56, 128, (1, 128), (3, False)),  # 43, 43, 42: no divisor of 128 needed
+    (2.99, 128, (1, 128), (4, False)),  # 43 key groups are more than a third of the need's share
+    (3.0, 4, (1, 4), (4, False)),  # 4 partitions: 3 instances leave one with two
 ])
-def test_parallelism_is_rounded_up_to_a_divisor_of_the_key_groups(needed, bounds, expected):
-    assert evenly_spread(needed, 120, *bounds) == expected
+def test_parallelism_is_the_fewest_instances_whose_busiest_carries_its_share(needed, key_groups, bounds, expected):
+    assert balanced(needed, key_groups, *bounds) == expected
 
 
 # --- decide and execute ------------------------------------------------------------
@@ -120,7 +215,7 @@ def test_ds2_reaches_the_optimum_in_one_decision_on_a_step_up():
     job.rate = 2800  # x4
     decisions = run(job, scaler, 120)
     optimum = math.ceil(2800 / (1000 * 0.8))
-    assert job.rescales[0] == ("stage", evenly_spread(optimum, 120, 1, 120)[0])
+    assert job.rescales[0] == ("stage", balanced(optimum, 120, 1, 120)[0])
     assert len(decisions) == 1 and decisions[0].changes[0].rule == Rule.DS2
     assert "true rate 1,000 rec/s per instance" in decisions[0].changes[0].explain()
 
@@ -133,7 +228,7 @@ def test_ds2_sizes_by_per_record_cost_when_batches_pay_a_fixed_cost():
     run(job, scaler, 60)
     job.rate = 2800
     decisions = run(job, scaler, 120)
-    assert job.rescales[0] == ("stage", evenly_spread(2800 / (1000 * 0.8), 120, 1, 120)[0])
+    assert job.rescales[0] == ("stage", balanced(2800 / (1000 * 0.8), 120, 1, 120)[0])
     assert "fixed 300 ms per batch" in decisions[0].changes[0].explain()
 
 
@@ -182,26 +277,51 @@ def test_ds2_keeps_an_operator_whose_load_swings_within_the_utilization_band():
     assert 5 <= first <= 6  # 4,000 / 800 plus the backlog that piled up while activation confirmed it
 
 
-def test_ds2_does_not_scale_up_an_operator_under_the_band_for_the_pile_up_of_its_own_rescale():
-    """2 instances at 35 % busy keep up with room to spare; counting the input 120 s of rescaling would pile
-    up, the target asks for 3. That input piles up only if we rescale, so ds2 keeps 2 (the sine profile's
-    2 -> 3 that started a chain of rescales reactive never needed)."""
+def test_a_live_rescale_that_keeps_up_sizes_for_the_steady_rate_alone():
+    """1,200 rec/s on one instance of 1,000: the step needs 2 at 80 %. A live rescale's old instance keeps
+    processing, so only the 200 rec/s it cannot carry pile up meanwhile, and 2 instances' headroom catches
+    that and the backlog up well within a minute: 2, not the 4 that counting 2 minutes of all input asked."""
     job = FluidJob(rate=700)
-    job.parallelism["stage"] = 2
-    settings = AutoscalerSettings(policy="ds2", **{**FAST, "expected_rescale_s": 120})
+    scaler, _ = autoscaler(job, expected_rescale_s=120)
+    run(job, scaler, 60)
+    job.rate = 1200
+    decisions = run(job, scaler, 120)
+    assert job.rescales == [("stage", 2)]
+    change = decisions[0].changes[0]
+    assert (change.rule, change.steady_parallelism) == (Rule.DS2, 2)
+    assert "needs 1.50 for 1,200 rec/s" in change.explain()
+
+
+def test_when_the_job_stops_to_rescale_its_whole_input_piles_up_meanwhile():
+    job = FluidJob(rate=700)
+    job.advance(20)
     start = job.collect(job.now)
+    job.rate = 1200
     job.advance(20)
     rates = window_rates([start, job.collect(job.now)])
-    kept = next(d for d in ds2_policy(TOPOLOGY, rates, job.parallelism, settings) if d.operator == "stage")
-    assert ds2(TOPOLOGY, rates, settings)["stage"].parallelism > 2
-    assert (kept.parallelism, kept.rule) == (2, Rule.DS2_BELOW_BAND)
-    assert "busy 35% at the target rate, under 60%" in kept.explain()
-    job.rate = 200  # now one instance is enough even counting the pile-up: scaling down still happens
-    start = job.collect(job.now)
-    job.advance(20)
-    rates = window_rates([start, job.collect(job.now)])
-    down = next(d for d in ds2_policy(TOPOLOGY, rates, job.parallelism, settings) if d.operator == "stage")
-    assert (down.parallelism, down.rule) == (1, Rule.DS2)
+    settings = AutoscalerSettings(policy="ds2", **{**FAST, "expected_rescale_s": 60})
+    live, stopping = TOPOLOGY, Topology(TOPOLOGY.operators, rescale_stops=True)
+    assert ds2(live, rates, settings)["stage"].pile_up_rate == pytest.approx(200)
+    assert ds2(stopping, rates, settings)["stage"].pile_up_rate == pytest.approx(1200)
+    sized = next(d for d in ds2_policy(stopping, rates, job.parallelism, settings) if d.operator == "stage")
+    assert sized.parallelism > sized.steady_parallelism == 2  # instances for the catch-up, beyond the steady 2
+
+
+def test_a_backlog_gets_instances_of_its_own_and_they_go_when_it_is_caught_up():
+    """120,000 records behind at 700 rec/s: one instance keeps up (70 % busy) but would need 6 minutes to
+    catch up. ds2 adds instances for the catch-up alone and takes them back once the backlog is gone, as
+    planned then: the 10-minute scale-down delay does not apply to it."""
+    job = FluidJob(rate=700)
+    scaler, events = autoscaler(job, scale_down_delay_s=600)
+    run(job, scaler, 40)
+    job.counters["stage"].lag = 120_000
+    decisions = run(job, scaler, 200)
+    assert [n for op, n in job.rescales if op == "stage"] == [3, 1]
+    out, back = (d.changes[0] for d in decisions)
+    assert (out.parallelism, out.steady_parallelism) == (3, 1)
+    assert "3 catch up the backlog within 60 s, back to 1 when it is gone" in out.explain()
+    assert back.rule == Rule.CATCH_UP_DONE and decisions[1].time - decisions[0].time < 120
+    assert [reason for reason, _, _ in events.events] == ["ScaledUp", "ScaledDown"]
 
 
 def test_scale_down_waits_and_applies_the_largest_recommendation_of_the_delay():
@@ -222,6 +342,9 @@ def test_scale_down_waits_and_applies_the_largest_recommendation_of_the_delay():
     # Not the latest recommendation (1, for the last minute's load) but the largest of the delay.
     assert applied[0].parallelism == max(d.recommended for d in [*delayed, applied[0]]) > applied[0].recommended
     assert any(reason == "ScaleDownDelayed" for reason, _, _ in events.events)
+    # Kept above the steady need by the delay, not for a catch-up: no scale-back planned, the next scale-down
+    # waits its delay like any other.
+    assert not scaler._catching_up
 
 
 def test_max_scale_factor_limits_one_step():

@@ -36,6 +36,9 @@ class _Families:
         self.batch_records_busy = counter(
             "streamjobs_batch_records_busy_seconds", "Sum of records x busy seconds per batch."
         )
+        self.batch_busy_squared = counter(
+            "streamjobs_batch_busy_squared_seconds", "Sum of busy seconds^2 per batch (the fit's residual error)."
+        )
         self.backpressured_seconds = counter(
             "streamjobs_backpressured_seconds", "Time a producer paused because downstream was over its bound."
         )
@@ -82,6 +85,7 @@ class WorkerMetrics:
         self.batches = f.batches.labels(**labels)
         self.batch_records_squared = f.batch_records_squared.labels(**labels)
         self.batch_records_busy = f.batch_records_busy.labels(**labels)
+        self.batch_busy_squared = f.batch_busy_squared.labels(**labels)
         self.backpressured_seconds = f.backpressured_seconds.labels(**labels)
         self.late_records = f.late_records.labels(**labels)
         self.dead_letters = f.dead_letters.labels(**labels)
@@ -105,6 +109,7 @@ class WorkerMetrics:
         self.batches.inc()
         self.batch_records_squared.inc(records * records)
         self.batch_records_busy.inc(records * busy_s)
+        self.batch_busy_squared.inc(busy_s * busy_s)
 
     def set_lag(self, upstream: str, kg: int, records: int) -> None:
         self._families.lag.labels(**self._labels, input=upstream, key_group=str(kg)).set(records)

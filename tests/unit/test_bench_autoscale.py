@@ -1,0 +1,36 @@
+"""The autoscale benchmark's measures, on timelines whose answers are known."""
+
+from __future__ import annotations
+
+from streamjobs.bench.autoscale import after_step, optimal, provisioning, trace
+
+
+def _optimum(t: float) -> int:
+    return 1 if t < 10 else 3
+
+
+def test_provisioning_counts_instance_seconds_over_and_under_the_optimum():
+    rows = [{"t": t, "parallelism": p} for t, p in ((0, 2), (10, 2), (20, 3), (30, 3))]
+    # 0-10 s: 2 where 1 suffices (10 over); 10-20 s: 2 where 3 are needed (10 under); 20-30 s: right.
+    over, under = provisioning(rows, _optimum)
+    needed = 10 * 1 + 20 * 3
+    assert (over, under) == (round(100 * 10 / needed, 1), round(100 * 10 / needed, 1))
+    assert provisioning(rows[:1], _optimum) == (None, None)
+
+
+def test_after_a_step_counts_the_decisions_until_the_optimum_is_running():
+    changes = [(12.0, {"parallelism": 2}), (16.0, {"parallelism": 3}), (40.0, {"parallelism": 1})]
+    assert after_step(10, 30, 1, changes, _optimum) == {"at_s": 10, "optimal": 3, "decisions": 2,
+                                                        "sustainable_after_s": 6.0}
+    # Already enough instances when the load changed: nothing to decide.
+    assert after_step(30, 50, 1, changes, _optimum)["decisions"] == 0
+    # Never reached before the next change.
+    assert after_step(10, 15, 1, changes, _optimum)["sustainable_after_s"] is None
+
+
+def test_the_optimum_is_the_measured_capacity_at_the_target_utilization():
+    assert optimal(1200, 0.7) == 2  # nominal 1 ms a record: 1.71
+    assert optimal(1200, 0.7, per_record_s=0.0013) == 3  # measured 1.3 ms: 2.23
+    profile, duration, first_change = trace(1.0)
+    assert (duration, first_change) == (360, 40)
+    assert [step["atS"] for step in trace(2.0)[0]["steps"]][:2] == [80, 160]
