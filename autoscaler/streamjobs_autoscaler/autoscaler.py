@@ -43,7 +43,7 @@ class Autoscaler:
         self._last: Snapshot | None = None  # the latest scrape, kept while stabilizing to see changes
         self._next_tick = clock()
         self._stable_after = clock() + settings.stabilization_s  # a fresh job warms up like a rescaled one
-        self._down_asked: dict[str, tuple[float, int] | None] = {}
+        self._down_asked: dict[str, guards.DownAsk | None] = {}
         self._blocked_up: dict[str, str] = {}
         self._up_streak: dict[str, int] = {}
         self._to_judge: dict[str, dict] = {}  # scale-ups whose achieved capacity is checked next time

@@ -176,4 +176,6 @@ def balanced(parallelism: float, key_groups: int, lowest: int, highest: int) -> 
     for n in range(wanted, highest + 1):
         if parallelism * math.ceil(key_groups / n) <= key_groups * (1 + 1e-9):
             return n, False
-    return max(lowest, min(highest, key_groups)), wanted > highest or wanted > key_groups
+    # Every need up to `key_groups` has a balanced count up to `key_groups`: none within the bounds means the
+    # bound (or the key groups themselves) kept it below.
+    return max(lowest, min(highest, key_groups)), True

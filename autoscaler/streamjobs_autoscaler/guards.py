@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from typing import NamedTuple
 
 from streamjobs_core.spec import AutoscalerSettings
 
@@ -58,21 +59,34 @@ def ineffective(d: OperatorDecision, blocked: str | None) -> OperatorDecision:
     return d
 
 
+class DownAsk(NamedTuple):
+    """A scale-down asked for: since when, the largest recommendation of the delay, and the largest of those
+    whose metrics window lies wholly after `since` (None until one does)."""
+
+    since: float
+    largest: int
+    settled: int | None
+
+
 def scale_down_delay(
-    d: OperatorDecision, now: float, asked: tuple[float, int] | None, settings: AutoscalerSettings
-) -> tuple[OperatorDecision, tuple[float, int] | None]:
+    d: OperatorDecision, now: float, asked: DownAsk | None, settings: AutoscalerSettings
+) -> tuple[OperatorDecision, DownAsk | None]:
     """Scale down only after `scaleDownDelayS` of asking for it, to the largest recommendation of that time.
-    `asked`: since when a scale-down was asked for and the largest one asked; returns the decision and that
-    record now."""
+    A window that began before the first ask still holds the load that fell since: once a recommendation from a
+    window wholly after it is there, only those count. Returns the decision and what to remember now."""
     if d.parallelism >= d.current:
         return d, None
-    since, largest = asked or (now, d.parallelism)
-    largest = max(largest, d.parallelism)
-    waited = now - since
+    asked = asked or DownAsk(now, d.parallelism, None)
+    settled = asked.settled
+    if now - settings.metrics_window_s >= asked.since:
+        settled = max(settled or d.parallelism, d.parallelism)
+    asked = DownAsk(asked.since, max(asked.largest, d.parallelism), settled)
+    largest = asked.largest if settled is None else settled
+    waited = now - asked.since
     if waited < settings.scale_down_delay_s:
         return replace(d, parallelism=d.current, rule=Rule.SCALE_DOWN_DELAY,
                        note=f"{settings.scale_down_delay_s - waited:.0f} s left; largest recommendation {largest}"), (
-            since, largest)
+            asked)
     return replace(d, parallelism=largest, note=_and(d.note, f"largest recommendation over the delay: {largest}")), None
 
 

@@ -683,7 +683,9 @@ class AutoscalerSettings(_Model):
         30.0, ge=0, description="After a rescale, no decision on metrics that include it or this long after it."
     )
     scale_down_delay_s: float = Field(
-        120.0, ge=0, description="A scale-down waits this long and applies the largest recommendation seen meanwhile."
+        120.0, ge=0, description="A scale-down waits this long and applies the largest recommendation seen meanwhile "
+        "(of the metrics windows wholly after it was first asked, once there is one: earlier ones still hold the load "
+        "that fell)."
     )
     max_scale_factor: float = Field(4.0, ge=1, description="One step changes parallelism by at most this factor.")
     activation_intervals: int = Field(

@@ -200,6 +200,8 @@ def test_a_join_is_sized_by_both_of_its_inputs():
     (2.56, 128, (1, 128), (3, False)),  # 43, 43, 42: no divisor of 128 needed
     (2.99, 128, (1, 128), (4, False)),  # 43 key groups are more than a third of the need's share
     (3.0, 4, (1, 4), (4, False)),  # 4 partitions: 3 instances leave one with two
+    (3.5, 10, (1, 4), (4, True)),  # 4 leave one with 3 key groups, over its share 2.9: balanced needs 5
+    (12.0, 10, (1, 20), (10, True)),  # one key group each is the most there can be
 ])
 def test_parallelism_is_the_fewest_instances_whose_busiest_carries_its_share(needed, key_groups, bounds, expected):
     assert balanced(needed, key_groups, *bounds) == expected
@@ -339,8 +341,10 @@ def test_scale_down_waits_and_applies_the_largest_recommendation_of_the_delay():
     delayed = [d for d in stage if d.rule == Rule.SCALE_DOWN_DELAY]
     applied = [d for d in stage if d.changes]
     assert delayed and applied and job.rescales == [("stage", applied[0].parallelism)]
-    # Not the latest recommendation (1, for the last minute's load) but the largest of the delay.
-    assert applied[0].parallelism == max(d.recommended for d in [*delayed, applied[0]]) > applied[0].recommended
+    # Not the latest recommendation (1, for the last minute's load) but the largest of the delay: 2, for the
+    # 20 s at 1,500 rec/s; the first ask's 3 came from a window still holding the 3,000 rec/s before the drop.
+    asks = [d.recommended for d in [*delayed, applied[0]]]
+    assert asks[0] == max(asks) == 3 and applied[0].parallelism == 2 > applied[0].recommended
     assert any(reason == "ScaleDownDelayed" for reason, _, _ in events.events)
     # Kept above the steady need by the delay, not for a catch-up: no scale-back planned, the next scale-down
     # waits its delay like any other.
@@ -464,7 +468,8 @@ def test_guard_rails_return_what_to_remember_and_name_their_rule():
     from streamjobs_autoscaler import guards
     from streamjobs_autoscaler.decision import OperatorDecision
 
-    settings = AutoscalerSettings(activation_intervals=2, scale_down_delay_s=30, max_scale_factor=2.0)
+    settings = AutoscalerSettings(activation_intervals=2, scale_down_delay_s=30, max_scale_factor=2.0,
+                                  metrics_window_s=5)
     up = OperatorDecision("agg", 2, 9, 9, Rule.DS2)
     held, streak = guards.activation(up, 0, settings)
     assert (held.parallelism, held.rule, streak) == (2, Rule.ACTIVATION, 1) and up.parallelism == 9
@@ -473,11 +478,30 @@ def test_guard_rails_return_what_to_remember_and_name_their_rule():
     assert guards.ineffective(up, "it did not help").rule == Rule.INEFFECTIVE and guards.ineffective(up, None) is up
     down = OperatorDecision("agg", 4, 1, 1, Rule.DS2)
     waiting, asked = guards.scale_down_delay(down, 100.0, None, settings)
-    assert (waiting.parallelism, waiting.rule, asked) == (4, Rule.SCALE_DOWN_DELAY, (100.0, 1))
+    assert (waiting.parallelism, waiting.rule, asked) == (4, Rule.SCALE_DOWN_DELAY, (100.0, 1, None))
     _, asked = guards.scale_down_delay(OperatorDecision("agg", 4, 2, 2, Rule.DS2), 110.0, asked, settings)
     done, asked = guards.scale_down_delay(down, 131.0, asked, settings)
     assert (done.parallelism, asked) == (2, None)  # the largest recommendation over the delay
     assert Rule.SCALE_DOWN_DELAY.event == "ScaleDownDelayed" and Rule.ACTIVATION.event is None
+
+
+def test_a_scale_down_counts_only_recommendations_from_windows_after_its_first_ask():
+    """The load fell at 100: the window ending at 104 still holds some of the load before, and asks for 3 where
+    every window wholly after the drop asks for at most 2. Without a window wholly after the ask (a delay shorter
+    than the window), the largest of all counts."""
+    from streamjobs_autoscaler import guards
+    from streamjobs_autoscaler.decision import OperatorDecision
+
+    settings = AutoscalerSettings(scale_down_delay_s=15, metrics_window_s=10)
+    asked = None
+    for now, recommended in ((100.0, 3), (104.0, 3), (110.0, 2), (112.0, 1), (116.0, 1)):
+        d, asked = guards.scale_down_delay(OperatorDecision("agg", 4, recommended, recommended, Rule.DS2), now,
+                                           asked, settings)
+    assert (d.parallelism, asked) == (2, None)
+    short = AutoscalerSettings(scale_down_delay_s=5, metrics_window_s=10)
+    _, asked = guards.scale_down_delay(OperatorDecision("agg", 4, 3, 3, Rule.DS2), 100.0, None, short)
+    d, _ = guards.scale_down_delay(OperatorDecision("agg", 4, 1, 1, Rule.DS2), 106.0, asked, short)
+    assert d.parallelism == 3
 
 
 def test_the_console_shows_a_decisions_rule_in_its_brackets():

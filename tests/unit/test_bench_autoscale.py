@@ -34,3 +34,27 @@ def test_the_optimum_is_the_measured_capacity_at_the_target_utilization():
     profile, duration, first_change = trace(1.0)
     assert (duration, first_change) == (360, 40)
     assert [step["atS"] for step in trace(2.0)[0]["steps"]][:2] == [80, 160]
+
+
+def test_a_stages_measured_cost_is_never_below_the_sleep_each_record_costs():
+    from streamjobs.bench.autoscale import Timeline
+    from streamjobs_autoscaler.collect import OperatorCounters
+
+    def batches(per_record_s: float) -> OperatorCounters:
+        sums = OperatorCounters()
+        for size in (100, 200, 300, 400, 500, 600):
+            busy = 0.05 + per_record_s * size
+            sums.batches += 1
+            sums.records_in += size
+            sums.busy_s += busy
+            sums.batch_records_sq += size * size
+            sums.batch_records_busy += size * busy
+            sums.batch_busy_sq += busy * busy
+        return sums
+
+    timeline = Timeline(None, 10, ("count",))
+    assert timeline.per_record_s("count", 0.001) == 0.001  # no batches: the nominal cost
+    timeline.batches["count"] = batches(0.0012)
+    assert abs(timeline.per_record_s("count", 0.001) - 0.0012) < 1e-9  # the worker's own work on top
+    timeline.batches["count"] = batches(0.0008)  # a fit that put part of the sleep into the fixed cost
+    assert timeline.per_record_s("count", 0.001) == 0.001

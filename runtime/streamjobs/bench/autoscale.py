@@ -7,8 +7,9 @@ controller. The optimum at a rate is the fewest instances that carry it at the
 target utilization with the key groups spread (`balanced`), from an instance's
 *measured* capacity: the per-record busy time fitted over every batch of the
 run (the sleep plus the worker's own per-record work, ~10 % more than the
-nominal cost, which is reported beside it). Every run is verified against the
-oracle (lost, duplicated).
+nominal cost, which is reported beside it), never less than the sleep itself
+(a fit over batches of alike sizes can count part of it as fixed cost). Every
+run is verified against the oracle (lost, duplicated).
 """
 
 from __future__ import annotations
@@ -96,7 +97,7 @@ def optimal(rate: float, utilization: float, per_record_s: float = COST_US / 1e6
 
 # The dataflow scenario: a stateless stage and a window after it, each with its own cost and its own optimum,
 # under one step of the source's load (the window's input is the stateless stage's output, one for one).
-DATAFLOW_COSTS_US = {"parse": COST_US / 2, "count": COST_US}
+DATAFLOW_COSTS_US = {"parse": COST_US * 0.7, "count": COST_US}
 DATAFLOW_STEP = 5 * BASE
 
 
@@ -136,7 +137,7 @@ def dataflow(policy: str, console: Console, duration_s: float) -> dict:
     utilization = job.spec.autoscaler.target_utilization
     timeline = Timeline(curve, duration_s, tuple(DATAFLOW_COSTS_US))
     report, started, executed = sampled_run(job, duration_s, timeline, console)
-    per_record = {op: timeline.per_record_s(op) or cost / 1e6 for op, cost in DATAFLOW_COSTS_US.items()}
+    per_record = {op: timeline.per_record_s(op, cost / 1e6) for op, cost in DATAFLOW_COSTS_US.items()}
     decisions = []
     for d in executed:
         t = d["time"] - started
@@ -188,10 +189,12 @@ class Timeline:
         if self._thread is not None:
             self._thread.join()
 
-    def per_record_s(self, op: str = "count") -> float | None:
-        """A stage's measured busy seconds per record, fitted over every batch of the run."""
+    def per_record_s(self, op: str, nominal_s: float) -> float:
+        """A stage's busy seconds per record, fitted over every batch of the run; never less than the sleep
+        each record costs (`nominal_s`), which a fit over batches of alike sizes can put partly into the fixed
+        cost per batch; the nominal cost where no fit is possible."""
         fit = cost_fit(OperatorCounters(), self.batches[op])
-        return fit[1] if fit else None
+        return max(fit[1], nominal_s) if fit else nominal_s
 
     def _add_batches(self, op: str, before: OperatorCounters, after: OperatorCounters) -> None:
         if after.instances != before.instances or after.records_in < before.records_in or after.batches < before.batches:
@@ -235,7 +238,7 @@ def scenario(name: str, rate: dict, duration_s: float, change_at: float, policy:
     changes = [(d["time"] - started, o) for d in executed for o in d["operators"]
                if o["operator"] == "count" and o["parallelism"] != o["current"]]
     rows = timeline.rows
-    per_record_s = timeline.per_record_s() or COST_US / 1e6
+    per_record_s = timeline.per_record_s("count", COST_US / 1e6)
 
     def best(t: float) -> int:
         return optimal(curve.rate_at(t), utilization, per_record_s)
