@@ -1,5 +1,7 @@
 """`streamjobs run --redis-url` of a job whose earlier run died goes on from its last commits; `streamjobs run
---from-savepoint`, from a savepoint's, in another Redis."""
+--from-savepoint`, from a savepoint's, in another Redis. The runs a savepoint is taken from are the CLI's, with
+a process per worker; the restored runs, whose subject is what the savepoint carries and how it is split again,
+run their workers as threads of this process (launchers.ThreadLauncher)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from collections import Counter
 import redis
 import yaml
 from rich.console import Console
+from streamjobs.launchers import ThreadLauncher
 from streamjobs.redis_server import RedisServer
 from streamjobs.run import run_job
 from streamjobs_core.jobstore import RedisJobStore
@@ -139,8 +142,8 @@ def test_a_savepoint_goes_on_in_another_redis_rescaled_with_a_window_reset_exact
     during = killer([(6, "count", 1)])
     with RedisServer() as other:
         report = run_job(parse_job(doc), 18, redis_url=other.url, console=Console(force_terminal=False),
-                         log_dir=str(tmp_path / "logs"), during=during, savepoint=Savepoint.read(path),
-                         reset=("count",))
+                         log_dir=str(tmp_path / "logs"), during=during, launcher=ThreadLauncher(),
+                         savepoint=Savepoint.read(path), reset=("count",))
         restored = RedisJobStore(redis.Redis.from_url(other.url), "wordcount-small")
         assert restored.r.xrange(out, count=300) == written
         [reconfigured] = report["reconfigurations"]
@@ -184,7 +187,8 @@ def test_a_savepoint_goes_on_under_another_max_parallelism_exactly_through_a_sig
     during = killer([(6, "count", 1)])
     with RedisServer() as other:
         report = run_job(parse_job(doc), 15, redis_url=other.url, console=Console(force_terminal=False),
-                         log_dir=str(tmp_path / "logs"), during=during, savepoint=savepoint)
+                         log_dir=str(tmp_path / "logs"), during=during, launcher=ThreadLauncher(),
+                         savepoint=savepoint)
         restored = RedisJobStore(redis.Redis.from_url(other.url), "wordcount-small")
         plan = restored.plan()
         assert restored.r.xrange(out, count=300) == written
