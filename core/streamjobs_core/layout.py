@@ -102,6 +102,11 @@ class JobKeys:
         """The spare name instance `instance` takes when a scale-in demotes it."""
         return f"{self.prefix}:demote:{op}:{instance}"
 
+    def pod_roles(self, op: str) -> str:
+        """Per pod ordinal of a StatefulSet with warm spares that a scale-out promoted beyond the parallelism in
+        force: the assignment epoch it was promoted in (spares.py)."""
+        return f"{self.prefix}:pods:{op}"
+
     def moved(self, op: str) -> str:
         """Per key group moved by a fluid or batched rescale in progress: its owner instance now (written in
         the old owner's releasing commit; the assignment in force says who owns the others)."""

@@ -31,3 +31,32 @@ def await_promotion(store: JobStore, op: str, spare: str, stop: threading.Event)
         if promotion is not None:
             return promotion
     return None
+
+
+# --- warm spares of a StatefulSet (the operator's fleet.py) ------------------------------------------------------
+# There a pod is its ordinal and cannot be renamed: `spareInstances` pods beyond the parallelism wait as spares
+# under their ordinal's name, a scale-out promotes those whose ordinals it adds, a scale-in lets the instances it
+# empties become spares again where they are, and a pod restarted takes the role its ordinal has.
+
+
+def pod_spare(ordinal: int) -> str:
+    """The spare name of the pod with this ordinal."""
+    return f"pod-{ordinal}"
+
+
+def serves_as_instance(store: JobStore, op: str, ordinal: int) -> bool:
+    """Whether the pod with this ordinal is an instance of `op`: below the parallelism in force, or promoted
+    beyond it while a scale-out moves key groups to it (in the epoch still in force)."""
+    assignment = store.assignment(op)
+    if assignment is None or ordinal < assignment.parallelism:
+        return True
+    return store.promoted_pod(op, ordinal) == assignment.epoch
+
+
+def watch_demotion(store: JobStore, op: str, ordinal: int, demote, stop: threading.Event, every_s: float = _WAIT_S) -> None:
+    """Until `stop`: call `demote()` once this pod is no longer an instance (a scale-in emptied it). No signal
+    reaches a pod from the operator: the pod looks."""
+    while not stop.wait(every_s):
+        if not serves_as_instance(store, op, ordinal):
+            demote()
+            return

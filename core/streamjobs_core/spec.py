@@ -743,7 +743,8 @@ class RescaleSettings(_Model):
         "Spark up and the chain rehearsed, waiting. A scale-out, an all_at_once standby or the restart of a dead "
         "instance promotes one instead of starting a JVM on cores the job is using (as Flink keeps redundant "
         "task managers, slotmanager.redundant-taskmanager-num); a scale-in demotes the instances it removes back "
-        "into the pool. Each costs one idle JVM. The local runtime only so far; the operator ignores it.",
+        "into the pool. Each costs one idle JVM. On Kubernetes: pods beyond the instances of the operator's "
+        "StatefulSet, for the fluid and batched strategies.",
     )
 
 

@@ -25,8 +25,10 @@ def parallelism_patch(job: StreamJob, op: str, parallelism: int) -> list[dict]:
         for index, candidate in enumerate(getattr(job.spec, group)):
             if candidate.name == op:
                 path = f"/spec/{group}/{index}"
+                # add, not replace: a spec that leaves parallelism to its default has no such member, and a
+                # replace of a missing member fails the whole patch (RFC 6902); add sets it either way.
                 return [{"op": "test", "path": f"{path}/name", "value": op},
-                        {"op": "replace", "path": f"{path}/parallelism", "value": parallelism}]
+                        {"op": "add", "path": f"{path}/parallelism", "value": parallelism}]
     raise KeyError(op)
 
 

@@ -10,6 +10,13 @@ controller owns the order and the waiting on Redis; every method here is
 idempotent, so a controller that resumes after an operator restart may repeat any.
 A chain a live reconfiguration adds gets its Service and StatefulSet (epoch 1)
 before the sources switch; one it removes loses both once the version is complete.
+
+A StatefulSet built with warm spares (`streamjobs.dev/spares`: S) has S pods
+beyond the instances, waiting with Spark up (spares.py). A scale-out promotes
+the spares at the ordinals it adds instead of waiting for new pods' JVMs, and
+grows the StatefulSet by as many, whose new pods wait as the next spares; a
+scale-in shrinks it by as many, and the instances it emptied below the new end
+become its spares in place.
 """
 
 from __future__ import annotations
@@ -17,8 +24,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from streamjobs_core.control import Promotion
+from streamjobs_core.jobstore import JobStore
+from streamjobs_core.spares import pod_spare
+
 from .kube import Kube
-from .resources import LABEL_EPOCH, Owner, labels, service, service_name, statefulset_name
+from .resources import LABEL_EPOCH, SPARES_ANNOTATION, Owner, labels, service, service_name, statefulset_name
 
 # (op, epoch, replicas, standby) -> StatefulSet manifest
 StatefulSetBuilder = Callable[[str, int, int, bool], dict]
@@ -26,12 +37,13 @@ StatefulSetBuilder = Callable[[str, int, int, bool], dict]
 
 class KubernetesFleet:
     def __init__(self, kube: Kube, owner: Owner, build: StatefulSetBuilder, timeout_s: float = 600.0,
-                 poll_s: float = 0.5) -> None:
+                 poll_s: float = 0.5, jobs: JobStore | None = None) -> None:
         self.kube = kube
         self.owner = owner
         self.build = build
         self.timeout_s = timeout_s
         self.poll_s = poll_s
+        self.jobs = jobs  # the job's Redis: spares are promoted through it
 
     # --- Fleet -----------------------------------------------------------------
 
@@ -70,14 +82,53 @@ class KubernetesFleet:
 
     def add_instances(self, op: str, parallelism: int) -> None:
         current = self.current(op)
-        if _replicas(current) < parallelism:
+        if _instances(current) < parallelism:
             self._scale(current, parallelism)
+        if self._promotes(current):
+            self._promote(op, parallelism)
         self.wait_ready({op: parallelism})
 
     def remove_instances(self, op: str, parallelism: int) -> None:
-        # A StatefulSet removes its highest ordinals first: the instances a scale-in emptied.
-        self._scale(self.current(op), parallelism)
-        self.wait_gone(op, lambda pod: _ordinal(pod) >= parallelism)
+        # A StatefulSet removes its highest ordinals first: the instances a scale-in emptied (and spares).
+        current = self.current(op)
+        spares = spares_of(current)
+        if self._promotes(current):
+            self.jobs.demote_pods(op, list(range(parallelism, _replicas(current))))
+        self._scale(current, parallelism)
+        self.wait_gone(op, lambda pod: _ordinal(pod) >= parallelism + spares)
+        if self._promotes(current):  # the emptied instances that stay become spares: once they let go
+            self._wait_roles(op, set(), set(range(parallelism, min(_instances(current), parallelism + spares))))
+
+    def _promotes(self, sts: dict | None) -> bool:
+        return bool(spares_of(sts)) and self.jobs is not None
+
+    def _promote(self, op: str, parallelism: int) -> None:
+        """The pods at the ordinals a scale-out adds become instances: warm spares at once, pods still starting
+        once warm. Each is marked an instance before it is told, so that it stays one if it restarts."""
+        assignment = self.jobs.assignment(op)
+        added = [k for k in range(assignment.parallelism, parallelism)
+                 if self.jobs.promoted_pod(op, k) != assignment.epoch]
+        deadline = time.monotonic() + self.timeout_s
+        for ordinal in added:
+            while pod_spare(ordinal) not in self.jobs.ready_spares(op):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"spare {op}/{pod_spare(ordinal)} not warm after {self.timeout_s:.0f} s")
+                time.sleep(self.poll_s / 5)
+            self.jobs.promote_pod(op, ordinal, assignment.epoch)
+            self.jobs.promote(op, pod_spare(ordinal), Promotion(ordinal))
+        self._wait_roles(op, set(added), set())
+
+    def _wait_roles(self, op: str, instances: set[int], spares: set[int]) -> None:
+        """Until these ordinals of `op` registered as instances and those let go of theirs."""
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            registered = {i for o, i in self.jobs.registered() if o == op}
+            wrong = (instances - registered) | (spares & registered)
+            if not wrong:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"pods {sorted(wrong)} of {op} did not change role in {self.timeout_s:.0f} s")
+            time.sleep(self.poll_s / 5)
 
     def start_chain(self, op: str, parallelism: int) -> None:
         self.kube.ensure("services", service(self.owner, op))
@@ -123,13 +174,13 @@ class KubernetesFleet:
             if current is not None:
                 self._scale(current, replicas(op))
 
-    def ensure(self, manifest: dict, replicas: int) -> None:
-        """Create the StatefulSet unless it exists, and give it `replicas`."""
-        existing = self.kube.ensure("statefulsets", manifest)
-        if (existing.get("spec") or {}).get("replicas") != replicas:
-            self._scale(existing, replicas)
+    def ensure(self, manifest: dict, instances: int) -> None:
+        """Create the StatefulSet unless it exists, and give it `instances` (and its spares)."""
+        self._scale(self.kube.ensure("statefulsets", manifest), instances)
 
-    def _scale(self, sts: dict, replicas: int) -> None:
+    def _scale(self, sts: dict, instances: int) -> None:
+        """To `instances` pods, and its spares beyond them while it has any instance."""
+        replicas = instances + spares_of(sts) if instances else 0
         if (sts.get("spec") or {}).get("replicas") != replicas:
             self.kube.patch("statefulsets", self.owner.namespace, sts["metadata"]["name"],
                             {"spec": {"replicas": replicas}})
@@ -150,12 +201,25 @@ def _replicas(sts: dict) -> int:
     return int((sts.get("spec") or {}).get("replicas") or 0)
 
 
+def spares_of(sts: dict | None) -> int:
+    return int((((sts or {}).get("metadata") or {}).get("annotations") or {}).get(SPARES_ANNOTATION, 0))
+
+
+def _instances(sts: dict) -> int:
+    return max(0, _replicas(sts) - spares_of(sts))
+
+
 def _ordinal(pod: dict) -> int:
     return int(pod["metadata"]["name"].rsplit("-", 1)[1])
 
 
 def _ready(sts: dict | None) -> int:
     return int(((sts or {}).get("status") or {}).get("readyReplicas") or 0)
+
+
+def ready_instances(sts: dict) -> int:
+    """Its ready pods, less those that wait as spares (when all its pods are up)."""
+    return max(0, min(_ready(sts), _instances(sts)))
 
 
 def epoch_of(obj: dict) -> int:

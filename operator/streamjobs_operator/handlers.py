@@ -68,9 +68,10 @@ def _run(body: kopf.Body, memo: kopf.Memo, step) -> str | None:
     ctx = _context(body, memo)
     if ctx is None:
         return None
-    if ctx.job.spec.rescale.spare_instances:
-        kopf.warn(body, reason="Ignored", message="spec.rescale.spareInstances: warm spares are kept by the local "
-                  "runtime only so far; on Kubernetes added instances start as new pods")
+    rescale = ctx.job.spec.rescale
+    if rescale.spare_instances and rescale.strategy not in ("fluid", "batched"):
+        kopf.warn(body, reason="Ignored", message=f"spec.rescale.spareInstances: on Kubernetes warm spares serve "
+                  f"the fluid and batched strategies; {rescale.strategy} starts new pods")
     try:
         phase = step(ctx)
     except Failed as exc:

@@ -21,11 +21,12 @@ from streamjobs_core.loading import SpecError, parse_job
 from streamjobs_core.plan import JobPlan
 from streamjobs_core.reconfigure import Reconfiguration, ReconfigureController, Refused, diff
 from streamjobs_core.rescale import RescaleController, progress
+from streamjobs_core.spares import pod_spare
 from streamjobs_core.spec import StreamJob
 
 from . import access, admission, resources, status, store
 from .config import Settings
-from .fleet import KubernetesFleet, epoch_of
+from .fleet import KubernetesFleet, epoch_of, ready_instances, spares_of
 from .kube import Kube
 from .resources import Owner, RedisTarget
 
@@ -108,10 +109,22 @@ class JobContext:
 
     def build(self, op: str, epoch: int, replicas: int, standby: bool) -> dict:
         return resources.statefulset(self.owner, op, epoch, replicas, standby=standby, redis=self.target,
-                                     settings=self.settings, access=self.access)
+                                     settings=self.settings, access=self.access,
+                                     spares=0 if standby else self.spares(op))
 
-    def fleet(self) -> KubernetesFleet:
-        return KubernetesFleet(self.kube, self.owner, self.build, timeout_s=self.settings.ready_timeout_s)
+    def spares(self, op: str) -> int:
+        """Warm spare pods kept beyond `op`'s instances: for the live rescales that add instances to the
+        StatefulSet in place (fluid, batched), when its chain starts Spark. An all_at_once rescale's standbys
+        are a StatefulSet of their own, a restart starts every pod anew: neither has spares here."""
+        rescale = self.job.spec.rescale
+        if rescale.strategy not in ("fluid", "batched") or not JobPlan(self.job, 0).runs_spark(op):
+            return 0
+        return rescale.spare_instances
+
+    def fleet(self, r=None) -> KubernetesFleet:
+        """`r`: the job's Redis, through which a StatefulSet's spares are promoted (without, none are)."""
+        return KubernetesFleet(self.kube, self.owner, self.build, timeout_s=self.settings.ready_timeout_s,
+                               jobs=None if r is None else RedisJobStore(r, self.owner.job))
 
 
 def deploy(ctx: JobContext, body: Any) -> str:
@@ -149,7 +162,12 @@ def deploy(ctx: JobContext, body: Any) -> str:
         # Workers register as their chain's head: a chained member has no instances of its own.
         wanted = {f"{op}/{i}" for op in plan.vertices if op not in sources for i in range(assigned[op][1])}
         missing = wanted - store.registered(r, owner.job)
-        _stop_if_failed(RedisJobStore(r, owner.job), fleet)
+        jobs = RedisJobStore(r, owner.job)
+        for op in plan.vertices:  # warm spares too before any record flows, as the local runtime does
+            if op not in sources and ctx.spares(op):
+                n, ready = assigned[op][1], jobs.ready_spares(op)
+                missing |= {f"{op}/{pod_spare(k)}" for k in range(n, n + ctx.spares(op)) if pod_spare(k) not in ready}
+        _stop_if_failed(jobs, fleet)
         if missing:
             raise NotReady(f"waiting for {len(missing)} stage and sink workers to warm up: {', '.join(sorted(missing))}")
         if not job.spec.restore_from:  # a restored job's event time goes on from its first run's origin
@@ -288,10 +306,10 @@ def rescale_pending(ctx: JobContext) -> bool:
 
 def rescale(ctx: JobContext, report: Callable[[str, dict], None] = lambda reason, record: None) -> str:
     """Finish any persisted rescale, then rescale each operator whose parallelism differs from its assignment."""
-    job, fleet = ctx.job, ctx.fleet()
+    job = ctx.job
     with ctx.redis() as r:
         plan = store.read_plan(r, ctx.owner.job)
-        controller = _controller(r, plan, fleet)
+        controller = _controller(r, plan, ctx.fleet(r))
         resumed = controller.resume()
         if resumed is not None:
             report("RescaleResumed", resumed.as_dict())
@@ -323,7 +341,7 @@ def resume_rescale(ctx: JobContext) -> dict | None:
         if ReconfigureController(jobs, ctx.settings.ready_timeout_s, fleet=ctx.fleet()).resume() is not None:
             plan = jobs.plan()
             _publish_plan(ctx, plan)
-        record = _controller(r, plan, ctx.fleet()).resume()
+        record = _controller(r, plan, ctx.fleet(r)).resume()
         return None if record is None else record.as_dict()
 
 
@@ -350,7 +368,7 @@ def handle_requests(ctx: JobContext, report: Callable[[str, dict], None] = lambd
                        "the StreamJob's parallelism instead")
                 continue
             ctx.status.phase(status.RESCALING, f"rebalancing {op}")
-            record = _controller(r, plan, ctx.fleet()).rescale(op, request.parallelism, request.strategy,
+            record = _controller(r, plan, ctx.fleet(r)).rescale(op, request.parallelism, request.strategy,
                                                                request.owners)
             ctx.status.patch(lastRescale=record.as_dict())
             ctx.status.phase(status.RUNNING)
@@ -398,14 +416,18 @@ def refresh_status(ctx: JobContext, last_flow: tuple[float, int] | None = None) 
     """
     fleet = ctx.fleet()
     ready: dict[str, int] = {}
+    kept: set[str] = set()  # operators whose StatefulSet keeps warm spares
     for sts in fleet.statefulsets():
         op = sts["metadata"]["labels"].get(resources.LABEL_OPERATOR)
-        ready[op] = ready.get(op, 0) + int((sts.get("status") or {}).get("readyReplicas") or 0)
-    assigned, in_progress, reading, history = {}, None, None, []
+        ready[op] = ready.get(op, 0) + ready_instances(sts)
+        if spares_of(sts):
+            kept.add(op)
+    assigned, in_progress, reading, history, spares = {}, None, None, [], {}
     with ctx.redis() as r:
         plan = store.read_plan(r, ctx.owner.job)
         if plan is not None:
             jobs = RedisJobStore(r, plan.id)
+            spares = {op: len(jobs.ready_spares(op)) for op in kept}
             _stop_if_failed(jobs, fleet)
             assigned = store.assignments(r, plan)
             in_progress = progress(jobs)
@@ -426,7 +448,8 @@ def refresh_status(ctx: JobContext, last_flow: tuple[float, int] | None = None) 
     heads = {name: plan.head(name) if plan is not None and plan.head(name) in names else name for name in shared}
     desired = {name: spec.operator(head).parallelism for name, head in heads.items()}
     ready = {name: ready.get(head, 0) for name, head in heads.items()}  # a chained operator runs in its head's pods
-    operators = status.operators_status(desired, assigned, ready)
+    operators = status.operators_status(desired, assigned, ready,
+                                        {name: spares[head] for name, head in heads.items() if head in spares})
     ctx.status.operators(operators)
     return operators, reading
 

@@ -25,6 +25,8 @@ from .config import Settings
 LABEL_JOB = "streamjobs.dev/job"
 LABEL_OPERATOR = "streamjobs.dev/operator"
 LABEL_EPOCH = "streamjobs.dev/epoch"
+# On a StatefulSet: how many of its replicas beyond the operator's instances wait as warm spares (spares.py).
+SPARES_ANNOTATION = "streamjobs.dev/spares"
 # Set by the StatefulSet controller on every pod (Kubernetes >= 1.28): the pod's ordinal = the worker's instance.
 POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"
 METRICS_PORT = 9100
@@ -150,16 +152,19 @@ def credentials_secret(owner: Owner, access: JobAccess, password: str) -> dict:
             "data": {PASSWORD_KEY: base64.b64encode(password.encode()).decode()}}
 
 
-def worker_args(job: str, op: str, await_epoch: int | None) -> list[str]:
+def worker_args(job: str, op: str, await_epoch: int | None, pod_spares: bool = False) -> list[str]:
     args = ["--job", job, "--operator", op]
     if await_epoch is not None:
         args += ["--await-epoch", str(await_epoch)]
+    if pod_spares:
+        args.append("--pod-spares")
     return args
 
 
 def statefulset(owner: Owner, op: str, epoch: int, replicas: int, *, standby: bool, redis: RedisTarget,
-                settings: Settings, access: JobAccess | None = None) -> dict:
-    """The pods of one operator for one assignment epoch; `standby` pods wait for that epoch to be assigned."""
+                settings: Settings, access: JobAccess | None = None, spares: int = 0) -> dict:
+    """The pods of one operator for one assignment epoch; `standby` pods wait for that epoch to be assigned.
+    `replicas` instances, and `spares` pods beyond them that wait as warm spares (none for standbys)."""
     pod_labels = labels(owner.name, op, epoch)
     env = [
         {"name": "STREAMJOBS_INSTANCE", "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{POD_INDEX_LABEL}']"}}},
@@ -176,7 +181,7 @@ def statefulset(owner: Owner, op: str, epoch: int, replicas: int, *, standby: bo
         "image": settings.worker_image,
         "imagePullPolicy": settings.worker_image_pull_policy,
         "command": ["python", "-m", "streamjobs_worker"],
-        "args": worker_args(owner.job, op, epoch if standby else None),
+        "args": worker_args(owner.job, op, epoch if standby else None, pod_spares=spares > 0),
         "env": env,
         "ports": [{"name": "metrics", "containerPort": METRICS_PORT}],
         "resources": settings.worker_resources,
@@ -201,12 +206,15 @@ def statefulset(owner: Owner, op: str, epoch: int, replicas: int, *, standby: bo
     if settings.worker_service_account:
         pod_spec["serviceAccountName"] = settings.worker_service_account
     pod_spec["automountServiceAccountToken"] = False
+    metadata = _metadata(owner, statefulset_name(owner.name, op, epoch), pod_labels)
+    if spares:
+        metadata["annotations"] = {SPARES_ANNOTATION: str(spares)}
     return {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
-        "metadata": _metadata(owner, statefulset_name(owner.name, op, epoch), pod_labels),
+        "metadata": metadata,
         "spec": {
-            "replicas": replicas,
+            "replicas": replicas + spares if replicas else 0,
             "serviceName": service_name(owner.name, op),
             # Instances do not depend on each other's start: start and stop them all at once.
             "podManagementPolicy": "Parallel",

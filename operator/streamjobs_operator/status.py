@@ -22,13 +22,16 @@ PENDING, DEPLOYING, RUNNING, RESCALING, RECONFIGURING, SUSPENDED, INVALID, FAILE
 
 
 def operators_status(desired: Mapping[str, int], assigned: Mapping[str, tuple[int, int]],
-                     ready: Mapping[str, int]) -> dict:
-    """Per operator: desired (spec), current (ready pods), assigned parallelism and assignment epoch."""
+                     ready: Mapping[str, int], spares: Mapping[str, int] | None = None) -> dict:
+    """Per operator: desired (spec), current (ready pods serving as instances), assigned parallelism and
+    assignment epoch, and the warm spares ready where it keeps them."""
     out = {}
     for op, want in desired.items():
         epoch, parallelism = assigned.get(op, (0, 0))
         out[op] = {"desiredParallelism": want, "currentParallelism": ready.get(op, 0),
                    "assignedParallelism": parallelism, "assignmentEpoch": epoch}
+        if spares and op in spares:
+            out[op]["readySpares"] = spares[op]
     return out
 
 

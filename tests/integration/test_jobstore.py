@@ -99,6 +99,10 @@ def test_standbys_spares_instances_and_the_stop_flag(store):
     assert store.await_promotion("agg", "s2", 0.1) is None
     store.demote("agg", 3, "s3")
     assert store.demoted_as("agg", 3) == "s3" and store.demoted_as("agg", 3) is None
+    store.promote_pod("agg", 2, 5)
+    store.promote_pod("agg", 3, 5)
+    store.demote_pods("agg", [3, 4])
+    assert (store.promoted_pod("agg", 2), store.promoted_pod("agg", 3), store.promoted_pod("other", 2)) == (5, None, None)
     store.register(InstanceAddress("agg", 0, "10.0.0.1:9100"))
     store.register(InstanceAddress("my/op", 1, "h:1"))  # an operator name may hold the separator
     assert store.registered() == {("agg", 0): "10.0.0.1:9100", ("my/op", 1): "h:1"}

@@ -35,6 +35,34 @@ def test_a_standby_statefulset_waits_for_its_epoch_and_takes_its_instance_from_t
     assert "--await-epoch" not in first["spec"]["template"]["spec"]["containers"][0]["args"]
 
 
+def test_warm_spares_are_pods_beyond_the_instances_for_live_rescales_of_chains_that_start_spark():
+    from streamjobs_operator.fleet import ready_instances, spares_of
+    from streamjobs_operator.reconcile import JobContext
+
+    sts = resources.statefulset(OWNER, "count", 1, 2, standby=False, redis=resources.RedisTarget("redis://r"),
+                                settings=Settings(), spares=1)
+    assert sts["spec"]["replicas"] == 3 and spares_of(sts) == 1
+    assert sts["spec"]["template"]["spec"]["containers"][0]["args"][-1] == "--pod-spares"
+    assert ready_instances({**sts, "status": {"readyReplicas": 3}}) == 2
+    assert ready_instances({**sts, "status": {"readyReplicas": 1}}) == 1
+    suspended = resources.statefulset(OWNER, "count", 1, 0, standby=False, redis=resources.RedisTarget("redis://r"),
+                                      settings=Settings(), spares=1)
+    assert suspended["spec"]["replicas"] == 0
+
+    def spares(strategy: str, stage: dict) -> dict[str, int]:
+        doc = wordcopy("spared", rescale={"strategy": strategy, "spareInstances": 2})
+        doc["spec"]["stages"] = [{"name": "tag", "inputs": ["words"], "chain": False, **stage}]
+        doc["spec"]["sinks"][0]["inputs"] = ["tag"]
+        ctx = JobContext(resources.Owner.of(doc), job_of(doc), None, Settings())
+        return {op: ctx.spares(op) for op in ("words", "tag", "copies")}
+
+    sql = {"type": "sql", "query": "SELECT * FROM input"}
+    assert spares("batched", sql) == {"words": 0, "tag": 2, "copies": 0}  # only a chain that starts Spark
+    assert spares("fluid", sql)["tag"] == 2
+    assert spares("all_at_once", sql)["tag"] == 0  # its standbys are a StatefulSet of their own
+    assert spares("restart", sql)["tag"] == 0
+
+
 def test_the_redis_password_comes_from_the_secret_in_a_variable_of_its_own_never_in_the_url():
     target = resources.RedisTarget("redis://redis:6379/0", password_secret="auth")
     env = {e["name"]: e for e in resources.redis_env(target)}
@@ -113,7 +141,7 @@ def test_an_autoscaler_decision_patches_the_right_operator_and_becomes_an_event(
     job = job_of(wordcopy("j", sink_parallelism=2))
     assert parallelism_patch(job, "copies", 4) == [
         {"op": "test", "path": "/spec/sinks/0/name", "value": "copies"},
-        {"op": "replace", "path": "/spec/sinks/0/parallelism", "value": 4}]
+        {"op": "add", "path": "/spec/sinks/0/parallelism", "value": 4}]  # also where the spec left it out
     with pytest.raises(KeyError):
         parallelism_patch(job, "nope", 1)
     posted = []

@@ -13,7 +13,7 @@ from streamjobs_core.connect import Credentials, connect
 from streamjobs_core.control import EXIT_FAILED, JobFailure
 from streamjobs_core.jobstore import RedisJobStore
 from streamjobs_core.reconfigure import plan_for
-from streamjobs_core.spares import await_promotion
+from streamjobs_core.spares import await_promotion, pod_spare, serves_as_instance, watch_demotion
 
 from .parent import die_with_parent
 from .quarantine import Exhausted
@@ -94,6 +94,11 @@ def arguments(argv: list[str] | None) -> argparse.Namespace:
         "--spare", default=None, metavar="ID",
         help="start as a warm spare: warm up Spark, then wait to be promoted to an instance (spares.py)",
     )
+    parser.add_argument(
+        "--pod-spares", action="store_true",
+        help="a pod of a StatefulSet with warm spares: the ordinal (--instance) beyond the parallelism waits as a "
+        "spare, and an instance a scale-in empties becomes one again (spares.py)",
+    )
     args = parser.parse_args(argv)
     args.credentials = Credentials.taken_from_env()
     return args
@@ -104,6 +109,8 @@ def _serve(r, jobs: RedisJobStore, args: argparse.Namespace, signals: Signals) -
     plan = plan_for(jobs, args.operator)
     log = logging.getLogger(__name__)
     spare, instance, epoch, warm = args.spare, args.instance, args.await_epoch, False
+    if args.pod_spares and spare is None and epoch is None and not serves_as_instance(jobs, args.operator, instance):
+        spare = pod_spare(instance)
     while True:
         stop, demoted = signals.next_life()
         if spare is not None:
@@ -114,6 +121,9 @@ def _serve(r, jobs: RedisJobStore, args: argparse.Namespace, signals: Signals) -
             promotion = await_promotion(jobs, args.operator, spare, stop)
             if promotion is None:
                 return 0
+            if args.pod_spares and not serves_as_instance(jobs, args.operator, promotion.instance):
+                log.info("spare %s: a promotion withdrawn since (a scale-out rolled back)", spare)
+                continue
             instance, epoch = promotion.instance, promotion.await_epoch
             log.info("spare %s promoted to %s/%d%s", spare, args.operator, instance,
                      "" if epoch is None else f" (standby of epoch {epoch})")
@@ -130,11 +140,19 @@ def _serve(r, jobs: RedisJobStore, args: argparse.Namespace, signals: Signals) -
             log.info("%s", exc)
             stop.wait()
             return 0
+        if args.pod_spares:
+            threading.Thread(target=watch_demotion, args=(jobs, args.operator, instance, signals.demote, stop),
+                             name="demotion", daemon=True).start()
         worker.run(stop)
         if not demoted.is_set():
             return 0
         worker.close()
-        spare, epoch, warm = jobs.demoted_as(args.operator, instance), None, True
+        if args.pod_spares:
+            jobs.unregister(args.operator, instance)
+            spare = pod_spare(instance)
+        else:
+            spare = jobs.demoted_as(args.operator, instance)
+        epoch, warm = None, True
         if spare is None:
             return 0
         log.info("%s/%d demoted to spare %s", args.operator, instance, spare)

@@ -53,6 +53,7 @@ class MemoryJobStore:
         self._spares: dict[str, set[str]] = {}
         self._promotions: dict[tuple[str, str], list[Promotion]] = {}
         self._demotions: dict[tuple[str, int], str] = {}
+        self._pod_roles: dict[tuple[str, int], int] = {}
         self._registered: dict[tuple[str, int], str] = {}
         self._attempts: dict[tuple[str, int], Attempt] = {}
         self._failure: JobFailure | None = None
@@ -308,6 +309,16 @@ class MemoryJobStore:
 
     def demoted_as(self, op: str, instance: int) -> str | None:
         return self._demotions.pop((op, instance), None)
+
+    def promote_pod(self, op: str, ordinal: int, epoch: int) -> None:
+        self._pod_roles[(op, ordinal)] = epoch
+
+    def demote_pods(self, op: str, ordinals: list[int]) -> None:
+        for ordinal in ordinals:
+            self._pod_roles.pop((op, ordinal), None)
+
+    def promoted_pod(self, op: str, ordinal: int) -> int | None:
+        return self._pod_roles.get((op, ordinal))
 
     def register(self, address: InstanceAddress) -> None:
         self._registered[(address.operator, address.instance)] = address.address

@@ -417,6 +417,17 @@ class RedisJobStore:
         name = self.r.getdel(self.keys.demotion(op, instance))
         return None if name is None else as_text(name)
 
+    def promote_pod(self, op: str, ordinal: int, epoch: int) -> None:
+        self.r.hset(self.keys.pod_roles(op), str(ordinal), str(epoch))
+
+    def demote_pods(self, op: str, ordinals: list[int]) -> None:
+        if ordinals:
+            self.r.hdel(self.keys.pod_roles(op), *map(str, ordinals))
+
+    def promoted_pod(self, op: str, ordinal: int) -> int | None:
+        epoch = self.r.hget(self.keys.pod_roles(op), str(ordinal))
+        return None if epoch is None else int(epoch)
+
     # --- instances and the job -------------------------------------------------------------
     def register(self, address: InstanceAddress) -> None:
         self.r.hset(self.keys.metrics_endpoints, address.field, address.address)
