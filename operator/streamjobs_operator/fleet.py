@@ -96,6 +96,9 @@ class KubernetesFleet:
             self.jobs.demote_pods(op, list(range(parallelism, _replicas(current))))
         self._scale(current, parallelism)
         self.wait_gone(op, lambda pod: _ordinal(pod) >= parallelism + spares)
+        if self.jobs is not None:  # gone after their last commit: no instance answers there any more
+            for ordinal in range(parallelism + spares, _replicas(current)):
+                self.jobs.unregister(op, ordinal)
         if self._promotes(current):  # the emptied instances that stay become spares: once they let go
             self._wait_roles(op, set(), set(range(parallelism, min(_instances(current), parallelism + spares))))
 

@@ -95,6 +95,8 @@ def test_standbys_spares_instances_and_the_stop_flag(store):
     store.spare_ready("agg", "s2")
     store.promote("agg", "s1", Promotion(3, await_epoch=2))
     assert store.ready_spares("agg") == {"s2"}
+    store.spare_gone("agg", "s2")
+    assert store.ready_spares("agg") == set()
     assert store.await_promotion("agg", "s1", 0.1) == Promotion(3, 2)
     assert store.await_promotion("agg", "s2", 0.1) is None
     store.demote("agg", 3, "s3")

@@ -30,6 +30,7 @@ class Signals:
 
     def __init__(self) -> None:
         self.stop, self.demoted = threading.Event(), threading.Event()
+        self.terminated = False  # a stop asked for: it holds across a demotion that came just before it
 
     @classmethod
     def installed(cls) -> Signals:
@@ -42,11 +43,12 @@ class Signals:
     def next_life(self) -> tuple[threading.Event, threading.Event]:
         """(stop, demoted) for the worker's next life: new ones after a demotion (it serves again as a spare),
         else the same, so that a stop asked before its first life began (a pod deleted as it starts) holds."""
-        if self.demoted.is_set():
+        if self.demoted.is_set() and not self.terminated:
             self.stop, self.demoted = threading.Event(), threading.Event()
         return self.stop, self.demoted
 
     def terminate(self) -> None:
+        self.terminated = True
         self.stop.set()
 
     def demote(self) -> None:
@@ -111,6 +113,7 @@ def _serve(r, jobs: RedisJobStore, args: argparse.Namespace, signals: Signals) -
     spare, instance, epoch, warm = args.spare, args.instance, args.await_epoch, False
     if args.pod_spares and spare is None and epoch is None and not serves_as_instance(jobs, args.operator, instance):
         spare = pod_spare(instance)
+        jobs.unregister(args.operator, instance)  # what a crash as that instance left: it is a spare now
     while True:
         stop, demoted = signals.next_life()
         if spare is not None:
@@ -120,6 +123,7 @@ def _serve(r, jobs: RedisJobStore, args: argparse.Namespace, signals: Signals) -
             jobs.spare_ready(args.operator, spare)
             promotion = await_promotion(jobs, args.operator, spare, stop)
             if promotion is None:
+                jobs.spare_gone(args.operator, spare)  # not to be promoted while it is gone or starting anew
                 return 0
             if args.pod_spares and not serves_as_instance(jobs, args.operator, promotion.instance):
                 log.info("spare %s: a promotion withdrawn since (a scale-out rolled back)", spare)

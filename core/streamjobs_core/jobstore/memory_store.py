@@ -290,6 +290,9 @@ class MemoryJobStore:
     def spare_ready(self, op: str, spare: str) -> None:
         self._spares.setdefault(op, set()).add(spare)
 
+    def spare_gone(self, op: str, spare: str) -> None:
+        self._spares.get(op, set()).discard(spare)
+
     def ready_spares(self, op: str) -> set[str]:
         return set(self._spares.get(op, set()))
 

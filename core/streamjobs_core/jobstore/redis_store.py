@@ -397,6 +397,9 @@ class RedisJobStore:
     def spare_ready(self, op: str, spare: str) -> None:
         self.r.hset(self.keys.spares(op), spare, "ready")
 
+    def spare_gone(self, op: str, spare: str) -> None:
+        self.r.hdel(self.keys.spares(op), spare)
+
     def ready_spares(self, op: str) -> set[str]:
         return {as_text(s) for s in self.r.hkeys(self.keys.spares(op))}
 
