@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 from streamjobs_core.control import Promotion
 from streamjobs_core.jobstore import JobStore
@@ -111,27 +112,21 @@ class KubernetesFleet:
         assignment = self.jobs.assignment(op)
         added = [k for k in range(assignment.parallelism, parallelism)
                  if self.jobs.promoted_pod(op, k) != assignment.epoch]
-        deadline = time.monotonic() + self.timeout_s
+        spares = {pod_spare(k) for k in added}
+        self._until(lambda: spares - self.jobs.ready_spares(op), lambda cold: f"spares {sorted(cold)} of {op} not warm",
+                    self.poll_s / 5)
         for ordinal in added:
-            while pod_spare(ordinal) not in self.jobs.ready_spares(op):
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"spare {op}/{pod_spare(ordinal)} not warm after {self.timeout_s:.0f} s")
-                time.sleep(self.poll_s / 5)
             self.jobs.promote_pod(op, ordinal, assignment.epoch)
             self.jobs.promote(op, pod_spare(ordinal), Promotion(ordinal))
         self._wait_roles(op, set(added), set())
 
     def _wait_roles(self, op: str, instances: set[int], spares: set[int]) -> None:
         """Until these ordinals of `op` registered as instances and those let go of theirs."""
-        deadline = time.monotonic() + self.timeout_s
-        while True:
+        def wrong() -> set[int]:
             registered = {i for o, i in self.jobs.registered() if o == op}
-            wrong = (instances - registered) | (spares & registered)
-            if not wrong:
-                return
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"pods {sorted(wrong)} of {op} did not change role in {self.timeout_s:.0f} s")
-            time.sleep(self.poll_s / 5)
+            return (instances - registered) | (spares & registered)
+
+        self._until(wrong, lambda left: f"pods {sorted(left)} of {op} did not change role", self.poll_s / 5)
 
     def start_chain(self, op: str, parallelism: int) -> None:
         self.kube.ensure("services", service(self.owner, op))
@@ -147,14 +142,8 @@ class KubernetesFleet:
 
     def wait_ready(self, parallelism: dict[str, int]) -> None:
         """Wait until each operator's current StatefulSet reports that many ready pods."""
-        deadline = time.monotonic() + self.timeout_s
-        while True:
-            short = {op: n for op, n in parallelism.items() if _ready(self.current(op)) < n}
-            if not short:
-                return
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"operators not ready after {self.timeout_s:.0f} s: {short}")
-            time.sleep(self.poll_s)
+        self._until(lambda: {op: n for op, n in parallelism.items() if _ready(self.current(op)) < n},
+                    lambda short: f"operators not ready: {short}")
 
     # --- queries and helpers ---------------------------------------------------
 
@@ -190,14 +179,16 @@ class KubernetesFleet:
 
     def wait_gone(self, op: str | None, which: Callable[[dict], bool]) -> None:
         """Wait until the matching pods are gone: their workers made their last commit and exited."""
+        self._until(lambda: [p["metadata"]["name"] for p in self.pods(op) if which(p)],
+                    lambda left: f"pods still running: {', '.join(sorted(left))}")
+
+    def _until(self, left: Callable[[], Any], what: Callable[[Any], str], poll_s: float | None = None) -> None:
+        """Poll until `left()` is empty (what the wait is still for); past timeout_s, a TimeoutError says `what`."""
         deadline = time.monotonic() + self.timeout_s
-        while True:
-            left = [p["metadata"]["name"] for p in self.pods(op) if which(p)]
-            if not left:
-                return
+        while remaining := left():
             if time.monotonic() > deadline:
-                raise TimeoutError(f"pods still running after {self.timeout_s:.0f} s: {', '.join(sorted(left))}")
-            time.sleep(self.poll_s)
+                raise TimeoutError(f"{what(remaining)} after {self.timeout_s:.0f} s")
+            time.sleep(self.poll_s if poll_s is None else poll_s)
 
 
 def _replicas(sts: dict) -> int:

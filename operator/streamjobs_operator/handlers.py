@@ -7,6 +7,7 @@ thread pool, one object at a time.
 
 from __future__ import annotations
 
+import datetime
 import json
 import logging
 import threading
@@ -92,9 +93,9 @@ def _run(body: kopf.Body, memo: kopf.Memo, step) -> str | None:
 
 
 @kopf.on.create(*RESOURCE)
-def create(body: kopf.Body, memo: kopf.Memo, **_: Any) -> str | None:
+def create(body: kopf.Body, memo: kopf.Memo, runtime: datetime.timedelta, **_: Any) -> str | None:
     with _changing(memo):
-        return _run(body, memo, lambda ctx: reconcile.create(ctx, body, _reporter(body)))
+        return _run(body, memo, lambda ctx: reconcile.create(ctx, body, _reporter(body), runtime.total_seconds()))
 
 
 def _failed(body: kopf.Body, ctx: JobContext, exc: Failed) -> None:
@@ -102,10 +103,14 @@ def _failed(body: kopf.Body, ctx: JobContext, exc: Failed) -> None:
     kopf.warn(body, reason="JobFailed", message=str(exc))
 
 
+_WARNINGS = {"SparesNotReady"}  # what reconcile reports that users must act on
+
+
 def _reporter(body: kopf.Body):
     def report(reason: str, record: dict) -> None:
         # kopf.event, not kopf.info: posting.level (WARNING, against per-handler noise) filters the latter.
-        kopf.event(body, type="Normal", reason=reason, message=json.dumps(record, sort_keys=True))
+        kopf.event(body, type="Warning" if reason in _WARNINGS else "Normal", reason=reason,
+                   message=json.dumps(record, sort_keys=True))
 
     return report
 
@@ -119,9 +124,15 @@ def _changing(memo: kopf.Memo) -> threading.Lock:
 
 
 @kopf.on.update(*RESOURCE, field="spec")
-def update(body: kopf.Body, memo: kopf.Memo, **_: Any) -> str | None:
+def update(body: kopf.Body, memo: kopf.Memo, old: Any, new: Any, runtime: datetime.timedelta, **_: Any) -> str | None:
+    running = (body.get("status") or {}).get("phase") in (status.RUNNING, status.RESCALING)
+    if running and reconcile.parallelism_only(old, new):
+        # The rescaler's alone: a redeploy would only find every object in place (seconds of API calls on the
+        # way of an autoscaler decision). The rescaler validates the spec as it reads it.
+        _rescale_asked(memo).set()
+        return None
     with _changing(memo):
-        phase = _run(body, memo, lambda ctx: reconcile.update(ctx, body, _reporter(body)))
+        phase = _run(body, memo, lambda ctx: reconcile.update(ctx, body, _reporter(body), runtime.total_seconds()))
     _rescale_asked(memo).set()
     return phase
 

@@ -127,10 +127,13 @@ class JobContext:
                                jobs=None if r is None else RedisJobStore(r, self.owner.job))
 
 
-def deploy(ctx: JobContext, body: Any) -> str:
+def deploy(ctx: JobContext, body: Any, report: Callable[[str, dict], None] = lambda reason, record: None,
+           waited_s: float = 0.0) -> str:
     """Plan and assignments in Redis, then the objects; stages and sinks first, sources once those are ready.
 
-    Returns the phase reached; raises NotReady while stages and sinks warm up.
+    Returns the phase reached; raises NotReady while stages and sinks warm up, and while their warm spares do
+    for at most the ready timeout (`waited_s`: how long the handler has been at it): spares serve later
+    rescales, and a pod that cannot be scheduled must not keep the job from starting.
     """
     job, owner, kube = ctx.job, ctx.owner, ctx.kube
     target = ctx.target
@@ -163,13 +166,18 @@ def deploy(ctx: JobContext, body: Any) -> str:
         wanted = {f"{op}/{i}" for op in plan.vertices if op not in sources for i in range(assigned[op][1])}
         missing = wanted - store.registered(r, owner.job)
         jobs = RedisJobStore(r, owner.job)
+        cold = set()
         for op in plan.vertices:  # warm spares too before any record flows, as the local runtime does
             if op not in sources and ctx.spares(op):
                 n, ready = assigned[op][1], jobs.ready_spares(op)
-                missing |= {f"{op}/{pod_spare(k)}" for k in range(n, n + ctx.spares(op)) if pod_spare(k) not in ready}
+                cold |= {f"{op}/{pod_spare(k)}" for k in range(n, n + ctx.spares(op)) if pod_spare(k) not in ready}
         _stop_if_failed(jobs, fleet)
-        if missing:
-            raise NotReady(f"waiting for {len(missing)} stage and sink workers to warm up: {', '.join(sorted(missing))}")
+        if missing or (cold and waited_s < ctx.settings.ready_timeout_s):
+            raise NotReady(f"waiting for {len(missing | cold)} stage and sink workers to warm up: "
+                           f"{', '.join(sorted(missing | cold))}")
+        if cold:
+            report("SparesNotReady", {"spares": sorted(cold), "waitedS": round(waited_s),
+                                      "message": "the job starts without them; a scale-out waits for their pods"})
         if not job.spec.restore_from:  # a restored job's event time goes on from its first run's origin
             plan = store.restamp_t0(r, owner.job)
             kube.patch("configmaps", owner.namespace, resources.configmap_name(owner.name),
@@ -225,16 +233,28 @@ def check_change(deployed: StreamJob, wanted: StreamJob, reset: tuple[str, ...] 
     return changes
 
 
-def create(ctx: JobContext, body: Any, report: Callable[[str, dict], None] = lambda reason, record: None) -> str:
+def parallelism_only(old: dict | None, new: dict | None) -> bool:
+    """Whether a spec edit (as written) changes some operator's parallelism and nothing else: then nothing is
+    to deploy or reconfigure, and the rescaler alone has work (an autoscaler decision is such an edit)."""
+    def without_parallelism(spec: dict) -> dict:
+        return {**spec, **{group: [{k: v for k, v in op.items() if k != "parallelism"} for op in spec.get(group) or ()]
+                           for group in ("sources", "stages", "sinks")}}
+
+    return bool(old) and bool(new) and old != new and without_parallelism(old) == without_parallelism(new)
+
+
+def create(ctx: JobContext, body: Any, report: Callable[[str, dict], None] = lambda reason, record: None,
+           waited_s: float = 0.0) -> str:
     """Deploy; a job restored from a savepoint (`restoreFrom`) runs the savepoint's spec until then, and
     takes what this spec changes as an edit does: live, and rescaled."""
-    phase = deploy(ctx, body)
+    phase = deploy(ctx, body, report, waited_s)
     if phase != status.RUNNING or not ctx.job.spec.restore_from:
         return phase
-    return update(ctx, body, report)
+    return update(ctx, body, report, waited_s)
 
 
-def update(ctx: JobContext, body: Any, report: Callable[[str, dict], None] = lambda reason, record: None) -> str:
+def update(ctx: JobContext, body: Any, report: Callable[[str, dict], None] = lambda reason, record: None,
+           waited_s: float = 0.0) -> str:
     """A spec edit: refused as a whole if a field cannot change on the running job; else deploy what is
     missing (sources of a job created suspended), then suspend, or change live. A new parallelism is the
     rescaler's to carry out (`rescale`, from the spec and the assignments in Redis), not this handler's."""
@@ -242,7 +262,7 @@ def update(ctx: JobContext, body: Any, report: Callable[[str, dict], None] = lam
         plan = store.read_plan(r, ctx.owner.job)
     reset = _reset_asked(plan, ctx.job, body)
     changes = check_change(plan.job, ctx.job, reset) if plan is not None else None
-    if deploy(ctx, body) == status.SUSPENDED:
+    if deploy(ctx, body, report, waited_s) == status.SUSPENDED:
         ctx.fleet().scale_all(lambda op: 0)
         return status.SUSPENDED
     if changes is not None and changes.live:
@@ -320,9 +340,9 @@ def rescale(ctx: JobContext, report: Callable[[str, dict], None] = lambda reason
                 continue
             progress = {"operator": op, "from": current, "to": desired, "epoch": epoch + 1,
                         "strategy": job.spec.rescale.strategy}
-            ctx.status.rescale(progress)
             report("RescaleStarted", progress)
-            ctx.status.phase(status.RESCALING, f"rescaling {op} from {current} to {desired}")
+            ctx.status.phase(status.RESCALING, f"rescaling {op} from {current} to {desired}", rescale=progress,
+                             rescaleInProgress=True)
             record = controller.rescale(op, desired, job.spec.rescale.strategy)
             ctx.status.patch(lastRescale=record.as_dict())
             report("Rescaled", record.as_dict())

@@ -132,6 +132,13 @@ def test_a_fluid_rescale_scales_the_statefulset_and_moves_key_groups_while_every
     before = redis_client.xlen(out)
     eventually(lambda: redis_client.xlen(out) > before, 60, "output after the scale-out")
 
+    # An edit of parallelism alone goes straight to the rescaler, which still refuses an invalid one (the
+    # admission webhook would have; kubectl --validate=false passes it) and rescales nothing ...
+    _set_sink_parallelism(kube, doc, 13)
+    invalid = eventually(lambda: (s := get(kube, "fluid")["status"])["phase"] == "Invalid" and s, 60, "refused")
+    assert invalid["errors"] == [{"field": "spec.sinks[0].parallelism", "message": "13 exceeds maxParallelism 12"}]
+    assert assigned(3, 2)
+    # ... and the next edit, valid, makes the job run again.
     _set_sink_parallelism(kube, doc, 1)
     eventually(lambda: assigned(1, 3), 120, "copies back at 1 instance, epoch 3")
     eventually(lambda: _statefulsets(kube, "fluid")["fluid-copies-e1"]["spec"]["replicas"] == 1, 60, "scaled in")

@@ -8,7 +8,7 @@ from streamjobs_core.loading import parse_job
 from streamjobs_operator import resources
 from streamjobs_operator.autoscaling import KopfEvents, parallelism_patch
 from streamjobs_operator.config import Settings
-from streamjobs_operator.reconcile import UnsupportedChange, check_change, job_of
+from streamjobs_operator.reconcile import UnsupportedChange, check_change, job_of, parallelism_only
 from streamjobs_operator.status import conditions, input_rate, operators_status, parallelism_summary, rescale_history
 from streamjobs_operator.store import NoRedis, redis_target
 
@@ -119,6 +119,16 @@ def test_an_edit_that_cannot_change_the_running_job_is_refused_naming_the_field(
         check_change(old, job_of(changed))
     with pytest.raises(UnsupportedChange, match=r"resume it first"):
         check_change(old, job_of(wordcopy("j", sink_cost_us=5.0, suspend=True)))
+
+
+def test_an_edit_of_parallelism_alone_goes_to_the_rescaler_and_any_other_edit_to_the_update_handler():
+    spec = wordcopy("j")["spec"]
+    assert parallelism_only(spec, wordcopy("j", sink_parallelism=3)["spec"])
+    assert not parallelism_only(spec, spec) and not parallelism_only(None, spec)
+    assert not parallelism_only(spec, wordcopy("j", sink_parallelism=3, suspend=True)["spec"])
+    assert not parallelism_only(spec, wordcopy("j", sink_parallelism=3, sink_cost_us=5.0)["spec"])
+    renamed = {**spec, "sinks": [{**spec["sinks"][0], "name": "other", "parallelism": 3}]}
+    assert not parallelism_only(spec, renamed)
 
 
 def test_the_redis_url_comes_from_the_spec_or_the_operator_default():
