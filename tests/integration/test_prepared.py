@@ -179,3 +179,12 @@ def test_a_window_stage_runs_its_partial_aggregation_planned_once(spark):
         stage.process(stage_batch(table), t)
     assert [p.why_not for p in stage._prepared._plans.values()] == [None]
     assert partial_sql(spec) in next(iter(stage._prepared._plans))
+
+
+def test_worker_threads_that_share_a_session_warm_it_up_at_once_without_freeing_each_others_batches(spark):
+    from concurrent.futures import ThreadPoolExecutor
+
+    assert worker_spark.has_helpers(spark)  # the warm-up that loads a slot runs only then
+    with ThreadPoolExecutor(4) as pool:  # the in-process harness's workers, each warming the shared session up
+        for done in [pool.submit(worker_spark._warm_up, spark) for _ in range(12)]:
+            done.result()

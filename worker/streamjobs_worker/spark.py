@@ -15,6 +15,7 @@ import os
 import sys
 import tempfile
 import threading
+import uuid
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
@@ -101,7 +102,9 @@ def _warm_up(spark: SparkSession) -> None:
     table = pa.table({"k": ["a", "b", "a"], "v": [1, 2, 3]})
     arrow.table(arrow.frame(table).groupBy("k").sum("v"))
     if has_helpers(spark):  # and the first planned query's (prepared.py)
-        slot = f"warm-up-{id(spark)}"
+        # A slot of this call's own: workers that run as threads of one process share the session and may warm
+        # it up at once (a slot per session had one free what another was about to read).
+        slot = f"warm-up-{uuid.uuid4().hex}"
         arrow.load(slot, table)
         try:
             arrow.table(arrow.slot_frame(slot, table.schema).coalesce(1).groupBy("k").sum("v"))
