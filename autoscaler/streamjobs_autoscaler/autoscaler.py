@@ -116,7 +116,8 @@ class Autoscaler:
             if op in self._catching_up:
                 d = guards.caught_up(d, rates[op], self.settings)
             d = guards.max_step(d, self.settings)
-            d, self._up_streak[op] = guards.activation(d, self._up_streak.get(op, 0), self.settings)
+            d, self._up_streak[op] = guards.activation(d, self._up_streak.get(op, 0), self.settings,
+                                                       rates[op].settled)
             d = guards.ineffective(d, self._blocked_up.get(op))
             if d.rule != Rule.CATCH_UP_DONE:  # planned when the catch-up was decided: neither delayed nor vetoed
                 d = guards.undone_by_history(d, now, history, self.settings)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from streamjobs_core.spec import AutoscalerSettings
 
@@ -37,6 +38,11 @@ class Rates:
     true_rate_per_instance: float | None  # records per busy second of one instance; None without busy time
     backlog: float  # source pending or kg lag at the end of the window
     batch_cost_s: float = 0.0  # fitted fixed busy seconds per batch, left out of the true rate
+    # False when the true rate is a fit on batch sizes too alike to outweigh contention (Fit.lever_error over
+    # MAX_LEVER_ERROR): right after a load step a batch or two of the new size carry the fit, and a transient
+    # slowdown of them (the cores shared with a source that just sped up) reads as dearer records. A scale-up
+    # then waits an interval for larger batches (guards.activation).
+    settled: bool = True
 
 
 def window_rates(window: Sequence[Snapshot], batch_costs: dict[str, float] | None = None) -> dict[str, Rates]:
@@ -59,7 +65,7 @@ def window_rates(window: Sequence[Snapshot], batch_costs: dict[str, float] | Non
         known = (batch_costs or {}).get(op, 0.0)
         per_record_busy = busy - (end.batches - start.batches) * known
         if fit is not None:
-            batch_cost, true_rate = fit[0], 1 / fit[1]
+            batch_cost, true_rate = fit.fixed_s, 1 / fit.per_record_s
         elif known and records_in > 0 and per_record_busy > MIN_PER_RECORD_SHARE * busy:
             batch_cost, true_rate = known, records_in / per_record_busy
         else:
@@ -75,6 +81,7 @@ def window_rates(window: Sequence[Snapshot], batch_costs: dict[str, float] | Non
             true_rate_per_instance=true_rate,
             backlog=end.pending + end.lag,
             batch_cost_s=batch_cost,
+            settled=fit is None or fit.lever_error <= MAX_LEVER_ERROR,
         )
     return rates
 
@@ -84,9 +91,21 @@ MIN_FIT_BATCHES = 4
 # describes the operator (its batches got cheaper): records / busy is used instead.
 MIN_PER_RECORD_SHARE = 0.2
 MAX_FIT_ERROR = 0.1  # the per-record cost's standard error, as a share of it, above which the fit is not used
+# Batches of one size vary by up to this share of their busy time on shared cores (~10 % measured here, more
+# when a neighbour's load changes): not noise that averages out, but a shift of whole groups of batches.
+CONTENTION = 0.1
+MAX_LEVER_ERROR = 0.25  # a fit that such a shift moves by more than this share of the per-record cost is not settled
 
 
-def cost_fit(start: OperatorCounters, end: OperatorCounters) -> tuple[float, float] | None:
+class Fit(NamedTuple):
+    fixed_s: float  # busy seconds per batch
+    per_record_s: float  # busy seconds per record
+    # What a CONTENTION shift of the batches' busy times would move per_record_s by, as a share of it: the
+    # shift over the spread of batch sizes that must carry it (small when the sizes hardly differ).
+    lever_error: float
+
+
+def cost_fit(start: OperatorCounters, end: OperatorCounters) -> Fit | None:
     """(fixed busy seconds per batch, busy seconds per record): least squares over the batches between two
     snapshots, from the sums the workers export. None when the fit's per-record cost is uncertain (too few
     batches, sizes that hardly varied, scattered busy times) or not physical: then records / busy is the
@@ -110,7 +129,7 @@ def cost_fit(start: OperatorCounters, end: OperatorCounters) -> tuple[float, flo
     residual = max(0.0, busy_variance - per_record * per_record * variance) * n / (n - 2)
     if math.sqrt(residual / (n * variance)) > MAX_FIT_ERROR * per_record:
         return None
-    return fixed, per_record
+    return Fit(fixed, per_record, CONTENTION * mean_busy / math.sqrt(variance) / per_record)
 
 
 def _arrival(start: OperatorCounters, end: OperatorCounters, dt: float) -> float:

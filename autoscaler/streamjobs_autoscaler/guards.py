@@ -40,15 +40,20 @@ def max_step(d: OperatorDecision, settings: AutoscalerSettings) -> OperatorDecis
     return d
 
 
-def activation(d: OperatorDecision, streak: int, settings: AutoscalerSettings) -> tuple[OperatorDecision, int]:
-    """Scale up only when `activationIntervals` consecutive intervals asked for it; act on the latest.
+def activation(d: OperatorDecision, streak: int, settings: AutoscalerSettings,
+               settled: bool = True) -> tuple[OperatorDecision, int]:
+    """Scale up only when `activationIntervals` consecutive intervals asked for it; act on the latest; one
+    interval more when the true rate is not `settled` (evaluate.Rates): a fit on batch sizes too alike.
     `streak`: the intervals in a row that asked before this one; returns the decision and the streak now."""
     if d.parallelism <= d.current:
         return d, 0
     streak += 1
-    if streak < settings.activation_intervals:
-        return replace(d, parallelism=d.current, rule=Rule.ACTIVATION,
-                       note=_and(d.note, f"asked {streak} of {settings.activation_intervals} intervals")), streak
+    needed = settings.activation_intervals + (0 if settled else 1)
+    if streak < needed:
+        why = f"asked {streak} of {needed} intervals"
+        if not settled:
+            why += " (the true rate rests on batch sizes too alike to outweigh contention)"
+        return replace(d, parallelism=d.current, rule=Rule.ACTIVATION, note=_and(d.note, why)), streak
     return d, 0
 
 

@@ -52,12 +52,16 @@ def test_true_rate_counts_busy_time_only():
     assert rates.busy_ratio == 0.25 and rates.backlog == 300
 
 
+def counters(runs: list[tuple[int, float]]) -> OperatorCounters:
+    """The counters a worker exports after batches of (records, busy seconds)."""
+    return OperatorCounters(instances=1, records_in=sum(n for n, _ in runs), busy_s=sum(d for _, d in runs),
+                            batches=len(runs), batch_records_sq=sum(n * n for n, _ in runs),
+                            batch_records_busy=sum(n * d for n, d in runs), batch_busy_sq=sum(d * d for _, d in runs))
+
+
 def batches(sizes: list[int], fixed_s: float, per_record_s: float) -> OperatorCounters:
-    """The counters a worker exports after batches of these sizes, each costing fixed + per-record time."""
-    busy = [fixed_s + per_record_s * n for n in sizes]
-    return OperatorCounters(instances=1, records_in=sum(sizes), busy_s=sum(busy), batches=len(sizes),
-                            batch_records_sq=sum(n * n for n in sizes),
-                            batch_records_busy=sum(n * d for n, d in zip(sizes, busy)))
+    """The counters after batches of these sizes, each costing fixed + per-record time."""
+    return counters([(n, fixed_s + per_record_s * n) for n in sizes])
 
 
 def test_a_fixed_cost_per_batch_is_fitted_out_of_the_true_rate():
@@ -79,13 +83,23 @@ def test_a_step_in_load_gives_a_fit_within_a_few_batches():
     assert rates.batch_cost_s == pytest.approx(0.08)
 
 
+def test_a_fit_on_batch_sizes_too_alike_to_outweigh_contention_is_not_settled():
+    """Eight 300-record batches at 75 ms + 1 ms per record, then the load steps up: the first larger batch, of
+    600, also runs 10 % slow (contention from the source that just sped up). A fit at once rests on a spread
+    of 300 records and reads a fifth less than the records' 1,000 per busy second; the next interval's large
+    batch carries it to 1,000, settled."""
+    steady, slow, large = [(300, 0.375)] * 8, (600, 0.675 * 1.1), (2400, 2.475)
+    window = [Snapshot(2 * i, {"op": counters(steady[:2 * i])}) for i in range(5)]
+    window.append(Snapshot(10, {"op": counters([*steady, slow])}))
+    at_once = window_rates(window)["op"]
+    assert at_once.true_rate_per_instance == pytest.approx(816, abs=1) and not at_once.settled
+    later = window_rates([*window[1:], Snapshot(12, {"op": counters([*steady, slow, large])})])["op"]
+    assert later.true_rate_per_instance == pytest.approx(1000, abs=5) and later.settled
+
+
 def noisy(sizes: list[int], fixed_s: float, per_record_s: float, jitter_s: float) -> OperatorCounters:
     """As `batches`, with busy times alternately jitter_s longer and shorter."""
-    busy = [fixed_s + per_record_s * n + jitter_s * (-1) ** i for i, n in enumerate(sizes)]
-    return OperatorCounters(instances=1, records_in=sum(sizes), busy_s=sum(busy), batches=len(sizes),
-                            batch_records_sq=sum(n * n for n in sizes),
-                            batch_records_busy=sum(n * d for n, d in zip(sizes, busy)),
-                            batch_busy_sq=sum(d * d for d in busy))
+    return counters([(n, fixed_s + per_record_s * n + jitter_s * (-1) ** i) for i, n in enumerate(sizes)])
 
 
 @pytest.mark.parametrize("sizes", [[200] * 20, [200, 210] * 10, [100, 300]], ids=[
@@ -474,6 +488,9 @@ def test_guard_rails_return_what_to_remember_and_name_their_rule():
     held, streak = guards.activation(up, 0, settings)
     assert (held.parallelism, held.rule, streak) == (2, Rule.ACTIVATION, 1) and up.parallelism == 9
     assert guards.activation(up, streak, settings) == (up, 0)  # the second interval in a row acts
+    unsure, streak = guards.activation(up, 1, settings, settled=False)  # a true rate not settled yet
+    assert (unsure.parallelism, streak) == (2, 2) and "too alike" in unsure.note
+    assert guards.activation(up, streak, settings, settled=False) == (up, 0)  # one interval more, not forever
     assert guards.max_step(up, settings).parallelism == 4 and guards.max_step(up, settings).rule == Rule.MAX_SCALE_FACTOR
     assert guards.ineffective(up, "it did not help").rule == Rule.INEFFECTIVE and guards.ineffective(up, None) is up
     down = OperatorDecision("agg", 4, 1, 1, Rule.DS2)

@@ -194,7 +194,7 @@ class Timeline:
         each record costs (`nominal_s`), which a fit over batches of alike sizes can put partly into the fixed
         cost per batch; the nominal cost where no fit is possible."""
         fit = cost_fit(OperatorCounters(), self.batches[op])
-        return max(fit[1], nominal_s) if fit else nominal_s
+        return max(fit.per_record_s, nominal_s) if fit else nominal_s
 
     def _add_batches(self, op: str, before: OperatorCounters, after: OperatorCounters) -> None:
         if after.instances != before.instances or after.records_in < before.records_in or after.batches < before.batches:
