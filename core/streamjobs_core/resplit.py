@@ -38,7 +38,6 @@ from .codec import decode, encode
 from .control import ReconfigureRecord
 from .jobstore import RedisJobStore
 from .keygroups import Assignment, key_groups_of_columns
-from .layout import JobKeys
 from .plan import JobPlan
 from .spec import StreamJob
 from .statelog import concat, read_changes, read_snapshot, replay, row_key_groups, snapshot_bytes, state_layout
@@ -100,26 +99,25 @@ def resplit(store: RedisJobStore, max_parallelism: int) -> JobPlan:
     plan = _under(previous, max_parallelism)
     assignments = _assignments(store, previous, plan)
     keys, old = previous.keys, previous.spec.max_parallelism
-    pipe = store.r.pipeline(transaction=True)
+    pipe = store.transaction()
     for stage in previous.spec.stages:
         layout = state_layout(stage)
         if layout is not None:
-            _write_state(pipe, keys, stage, old, state_rows(store, keys, stage.name, old, layout), max_parallelism)
+            rows = state_rows(store, stage.name, old, layout)
+            store.replace_state(pipe, stage.name, old, _snapshots(stage, rows, max_parallelism), _COVERS_NOTHING)
     heard = {}
     for s in _streams(previous):
-        names = [keys.kg_stream(s.tail, s.consumer, kg) for kg in range(old)]
-        progress = store.streams(s.consumer, names)
+        progress = store.streams(s.consumer, [keys.kg_stream(s.tail, s.consumer, kg) for kg in range(old)])
         mark = min((m for _, runs in progress for _, _, m in (runs or ((0, 0, MIN_WATERMARK),))),
                    default=MIN_WATERMARK)
         width = plan.key_groups(s.tail)
         news = [keys.kg_stream(s.tail, s.consumer, kg) for kg in range(max_parallelism)]
         heard.setdefault(s.consumer, {}).update({name: [(0, width - 1, mark)] for name in news})
-        records = _unread(store, names, [cursor for cursor, _ in progress])
-        pipe.delete(keys.produced(s.tail, s.consumer), keys.consumed(s.tail, s.consumer), *names)
+        records = _unread(store, s, [cursor for cursor, _ in progress])
         edge = next(e for e in plan.edges_in(s.consumer) if e.upstream == s.tail)
-        for kg, part in _routed(records, edge.key_by, max_parallelism):
-            pipe.xadd(news[kg], encode(part, mark, [(0, width - 1)]))
-            pipe.hset(keys.produced(s.tail, s.consumer), str(kg), part.num_rows)
+        store.replace_records(pipe, s.tail, s.consumer, old, {
+            kg: (encode(part, mark, [(0, width - 1)]), part.num_rows)
+            for kg, part in _routed(records, edge.key_by, max_parallelism)})
     for source in previous.spec.sources:
         progress = store.partitions(source.name, range(previous.key_groups(source.name)))
         store.record_cut(pipe, source.name, plan.version, {p: (step.cursor if step else 0) for p, (step, _) in
@@ -157,13 +155,10 @@ def _assignments(store: RedisJobStore, previous: JobPlan, plan: JobPlan) -> dict
     return out
 
 
-def _unread(store: RedisJobStore, names: list[str], cursors: list[bytes | None]) -> pa.Table | None:
-    """The records written into these streams after their consumer's cursors (heartbeats carry none)."""
-    pipe = store.r.pipeline(transaction=False)
-    for name, cursor in zip(names, cursors):
-        pipe.xrange(name, min=b"(" + cursor if cursor is not None else b"-")
+def _unread(store: RedisJobStore, s: _Stream, cursors: list[bytes | None]) -> pa.Table | None:
+    """The records written into the edge's streams after their consumer's cursors (heartbeats carry none)."""
     tables = []
-    for name, entries in zip(names, pipe.execute()):
+    for name, entries in store.unread(s.tail, s.consumer, cursors):
         for entry_id, fields in entries:
             entry = decode(fields)
             if entry.marker is not None or entry.barrier is not None:
@@ -184,15 +179,10 @@ def _routed(records: pa.Table | None, key_by: tuple[str, ...] | None, max_parall
     return [(kg, records.filter(pa.array(kgs == kg))) for kg in np.unique(kgs).tolist()]
 
 
-def state_rows(store: RedisJobStore, keys: JobKeys, op: str, key_groups: int, layout) -> pa.Table | None:
+def state_rows(store: RedisJobStore, op: str, key_groups: int, layout) -> pa.Table | None:
     """Every row of a stage's state: each key group's snapshot with its changelog after it."""
-    pipe = store.r.pipeline(transaction=False)
-    for kg in range(key_groups):
-        pipe.get(keys.snapshot(op, kg))
-        pipe.xrange(keys.changelog(op, kg))
-    found = pipe.execute()
     tables = []
-    for snapshot, entries in zip(found[::2], found[1::2]):
+    for snapshot, entries in store.state_logs(op, key_groups):
         covered, rows = read_snapshot(snapshot) if snapshot is not None else (None, None)
         for entry_id, fields in entries:
             if covered is None or _order(entry_id) > _order(covered):
@@ -201,19 +191,16 @@ def state_rows(store: RedisJobStore, keys: JobKeys, op: str, key_groups: int, la
     return concat(tables)
 
 
-def _write_state(pipe, keys: JobKeys, spec, old: int, rows: pa.Table | None, max_parallelism: int) -> None:
-    op = spec.name
-    pipe.delete(keys.snapshot_ids(op), *(k for kg in range(old) for k in (keys.snapshot(op, kg), keys.changelog(op, kg))))
+def _snapshots(spec, rows: pa.Table | None, max_parallelism: int) -> dict[int, bytes]:
+    """A stage's rows as one snapshot per key group of theirs under `max_parallelism`."""
     if rows is None:
-        return
+        return {}
     kgs = row_key_groups(spec, rows, max_parallelism)
     order = np.argsort(kgs, kind="stable")
     rows, kgs = rows.take(pa.array(order)), kgs[order]
     starts = np.flatnonzero(np.r_[True, kgs[1:] != kgs[:-1]])
-    for start, end in zip(starts, np.r_[starts[1:], len(kgs)]):
-        kg = int(kgs[start])
-        pipe.set(keys.snapshot(op, kg), snapshot_bytes(rows.slice(start, end - start), _COVERS_NOTHING))
-        pipe.hset(keys.snapshot_ids(op), str(kg), _COVERS_NOTHING)
+    return {int(kgs[start]): snapshot_bytes(rows.slice(start, end - start), _COVERS_NOTHING)
+            for start, end in zip(starts, np.r_[starts[1:], len(kgs)])}
 
 
 def _order(entry_id: bytes) -> tuple[int, int]:

@@ -709,8 +709,7 @@ def _states(spark: SparkSession, r: redis.Redis, plan: JobPlan, op: str, expecte
     nulls = reduce(lambda a, b: a & b, [F.col(f"`{c}`").isNull() for c in names[1:]])
     want = _rows([row.asDict() for row in want_frame.filter(~nulls).select(*[f"`{c}`" for c in names]).collect()],
                  names)
-    rows = resplit.state_rows(RedisJobStore(r, plan.id), plan.keys, op, plan.spec.max_parallelism,
-                              state_layout(spec))
+    rows = resplit.state_rows(RedisJobStore(r, plan.id), op, plan.spec.max_parallelism, state_layout(spec))
     got = _rows([] if rows is None else rows.select(names).to_pylist(), names)
     return want, got
 

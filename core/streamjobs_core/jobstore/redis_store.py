@@ -545,6 +545,49 @@ class RedisJobStore:
         return [(c, None if m is None else decode_runs(m)) for c, m in zip(cursors, marks)]
 
 
+    # --- a re-split's data (resplit.py): every key group's state and records, read, then replaced at once ---------
+    def transaction(self):
+        """A MULTI/EXEC pipeline: a re-split's writes land together or not at all."""
+        return self.r.pipeline(transaction=True)
+
+    def state_logs(self, op: str, key_groups: int) -> list[tuple[bytes | None, list[tuple[bytes, dict]]]]:
+        """Per key group of `op`: its snapshot (None without one) and every entry of its changelog."""
+        pipe = self.r.pipeline(transaction=False)
+        for kg in range(key_groups):
+            pipe.get(self.keys.snapshot(op, kg))
+            pipe.xrange(self.keys.changelog(op, kg))
+        found = pipe.execute()
+        return list(zip(found[::2], found[1::2]))
+
+    def unread(self, upstream: str, op: str, cursors: list[bytes | None]) -> list[tuple[str, list[tuple[bytes, dict]]]]:
+        """Per key group of the edge `upstream` -> `op` (cursors[kg], the consumer's): its stream's name and the
+        entries after that cursor (all of them without one)."""
+        pipe = self.r.pipeline(transaction=False)
+        names = [self.keys.kg_stream(upstream, op, kg) for kg in range(len(cursors))]
+        for name, cursor in zip(names, cursors):
+            pipe.xrange(name, min=b"(" + cursor if cursor is not None else b"-")
+        return list(zip(names, pipe.execute()))
+
+    def replace_state(self, pipe, op: str, old_key_groups: int, snapshots: dict[int, bytes], covered: bytes) -> None:
+        """Queue on `pipe`: `op`'s snapshots and changelogs of its `old_key_groups` dropped, `snapshots` (per new
+        key group) in their place, each covering changelog entry `covered`."""
+        pipe.delete(self.keys.snapshot_ids(op), *(k for kg in range(old_key_groups)
+                                                  for k in (self.keys.snapshot(op, kg), self.keys.changelog(op, kg))))
+        for kg, data in snapshots.items():
+            pipe.set(self.keys.snapshot(op, kg), data)
+            pipe.hset(self.keys.snapshot_ids(op), str(kg), covered)
+
+    def replace_records(self, pipe, upstream: str, op: str, old_key_groups: int,
+                        entries: dict[int, tuple[dict, int]]) -> None:
+        """Queue on `pipe`: the records between `upstream` and `op` replaced by `entries`, per new key group one
+        stream entry and its count of records (what the producer counts as written to it)."""
+        pipe.delete(self.keys.produced(upstream, op), self.keys.consumed(upstream, op),
+                    *(self.keys.kg_stream(upstream, op, kg) for kg in range(old_key_groups)))
+        for kg, (fields, records) in entries.items():
+            pipe.xadd(self.keys.kg_stream(upstream, op, kg), fields)
+            pipe.hset(self.keys.produced(upstream, op), str(kg), records)
+
+
 def _assignment_fields(assignment: Assignment, generation: int | None) -> dict:
     return {"epoch": assignment.epoch, "owners": json.dumps(list(assignment.owners)),
             "generation": assignment.epoch if generation is None else generation}
