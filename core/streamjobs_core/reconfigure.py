@@ -58,7 +58,7 @@ _STATE_FIELDS = {
 }
 # Fields that shape the graph: the chains, the streams between operators and their partitioning.
 _SHAPE_FIELDS = ("type", "inputs", "chain")
-_GROUPS = ("sources", "stages", "sinks")
+OPERATOR_GROUPS = ("sources", "stages", "sinks")  # the spec's lists of operators
 
 
 class How(StrEnum):
@@ -122,11 +122,11 @@ def diff(old: StreamJob, new: StreamJob, reset: Iterable[str] = (), restoring: b
     if old.metadata.name != new.metadata.name:
         changes.append(Change("metadata.name", How.REFUSED, "a different job"))
     for key in sorted(a.keys() | b.keys()):
-        if key in _GROUPS or key in _NOT_THE_JOBS or a.get(key) == b.get(key):
+        if key in OPERATOR_GROUPS or key in _NOT_THE_JOBS or a.get(key) == b.get(key):
             continue
         changes.extend(_settings(key, a.get(key), b.get(key), restoring))
     changes.extend(_rewritten(old.spec, new.spec))
-    for group in _GROUPS:
+    for group in OPERATOR_GROUPS:
         before = {op["name"]: op for op in a[group]}
         after = {op["name"]: op for op in b[group]}
         for name in sorted(before.keys() ^ after.keys()):
@@ -155,7 +155,7 @@ def _writers(spec) -> dict[tuple[str, str], str]:
 
 
 def _group(spec, name: str) -> str:
-    return next(g for g in _GROUPS if any(op.name == name for op in getattr(spec, g)))
+    return next(g for g in OPERATOR_GROUPS if any(op.name == name for op in getattr(spec, g)))
 
 
 def _added_or_removed(group: str, op: dict, added: bool) -> Change:
@@ -470,7 +470,7 @@ def _with_parallelism(job: StreamJob, running: StreamJob) -> StreamJob:
         else:
             parallelism[name] = op.parallelism
     groups = {group: tuple(op.model_copy(update={"parallelism": parallelism[op.name]}) for op in getattr(spec, group))
-              for group in _GROUPS}
+              for group in OPERATOR_GROUPS}
     return job.model_copy(update={"metadata": running.metadata, "spec": spec.model_copy(update=groups)})
 
 

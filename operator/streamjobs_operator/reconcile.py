@@ -19,7 +19,7 @@ from streamjobs_core.jobstore import RedisJobStore
 from streamjobs_core.layout import JobKeys
 from streamjobs_core.loading import SpecError, parse_job
 from streamjobs_core.plan import JobPlan
-from streamjobs_core.reconfigure import Reconfiguration, ReconfigureController, Refused, diff
+from streamjobs_core.reconfigure import OPERATOR_GROUPS, Reconfiguration, ReconfigureController, Refused, diff
 from streamjobs_core.rescale import RescaleController, progress
 from streamjobs_core.spares import pod_spare
 from streamjobs_core.spec import StreamJob
@@ -168,9 +168,9 @@ def deploy(ctx: JobContext, body: Any, report: Callable[[str, dict], None] = lam
         jobs = RedisJobStore(r, owner.job)
         cold = set()
         for op in plan.vertices:  # warm spares too before any record flows, as the local runtime does
-            if op not in sources and ctx.spares(op):
+            if op not in sources and (spares := ctx.spares(op)):
                 n, ready = assigned[op][1], jobs.ready_spares(op)
-                cold |= {f"{op}/{pod_spare(k)}" for k in range(n, n + ctx.spares(op)) if pod_spare(k) not in ready}
+                cold |= {f"{op}/{pod_spare(k)}" for k in range(n, n + spares) if pod_spare(k) not in ready}
         _stop_if_failed(jobs, fleet)
         if missing or (cold and waited_s < ctx.settings.ready_timeout_s):
             raise NotReady(f"waiting for {len(missing | cold)} stage and sink workers to warm up: "
@@ -238,7 +238,7 @@ def parallelism_only(old: dict | None, new: dict | None) -> bool:
     to deploy or reconfigure, and the rescaler alone has work (an autoscaler decision is such an edit)."""
     def without_parallelism(spec: dict) -> dict:
         return {**spec, **{group: [{k: v for k, v in op.items() if k != "parallelism"} for op in spec.get(group) or ()]
-                           for group in ("sources", "stages", "sinks")}}
+                           for group in OPERATOR_GROUPS}}
 
     return bool(old) and bool(new) and old != new and without_parallelism(old) == without_parallelism(new)
 
