@@ -211,9 +211,11 @@ def _ready(sts: dict | None) -> int:
     return int(((sts or {}).get("status") or {}).get("readyReplicas") or 0)
 
 
-def ready_instances(sts: dict) -> int:
-    """Its ready pods, less those that wait as spares (when all its pods are up)."""
-    return max(0, min(_ready(sts), _instances(sts)))
+def ready_instances(sts: dict, ready_spares: int) -> int:
+    """Its ready pods that run instances: a spare's pod is ready too, so those the job's Redis knows as ready
+    spares are not counted (an instance pod down while its spare is up is one instance fewer), nor more than its
+    instances."""
+    return max(0, min(_ready(sts) - ready_spares, _instances(sts)))
 
 
 def epoch_of(obj: dict) -> int:

@@ -435,13 +435,8 @@ def refresh_status(ctx: JobContext, last_flow: tuple[float, int] | None = None) 
     the job cannot go on.
     """
     fleet = ctx.fleet()
-    ready: dict[str, int] = {}
-    kept: set[str] = set()  # operators whose StatefulSet keeps warm spares
-    for sts in fleet.statefulsets():
-        op = sts["metadata"]["labels"].get(resources.LABEL_OPERATOR)
-        ready[op] = ready.get(op, 0) + ready_instances(sts)
-        if spares_of(sts):
-            kept.add(op)
+    statefulsets = [(sts["metadata"]["labels"].get(resources.LABEL_OPERATOR), sts) for sts in fleet.statefulsets()]
+    kept = {op for op, sts in statefulsets if spares_of(sts)}  # operators whose StatefulSet keeps warm spares
     assigned, in_progress, reading, history, spares = {}, None, None, [], {}
     with ctx.redis() as r:
         plan = store.read_plan(r, ctx.owner.job)
@@ -454,6 +449,9 @@ def refresh_status(ctx: JobContext, last_flow: tuple[float, int] | None = None) 
             history = jobs.rescale_history(-RESCALES_SHOWN)
             emitted, lag = store.flow(r, plan)
             reading = (time.monotonic(), emitted)
+    ready: dict[str, int] = {}
+    for op, sts in statefulsets:
+        ready[op] = ready.get(op, 0) + ready_instances(sts, spares.get(op, 0) if spares_of(sts) else 0)
     ctx.status.rescale(in_progress)
     if history:
         ctx.status.rescales(history)

@@ -43,8 +43,10 @@ def test_warm_spares_are_pods_beyond_the_instances_for_live_rescales_of_chains_t
                                 settings=Settings(), spares=1)
     assert sts["spec"]["replicas"] == 3 and spares_of(sts) == 1
     assert sts["spec"]["template"]["spec"]["containers"][0]["args"][-1] == "--pod-spares"
-    assert ready_instances({**sts, "status": {"readyReplicas": 3}}) == 2
-    assert ready_instances({**sts, "status": {"readyReplicas": 1}}) == 1
+    assert ready_instances({**sts, "status": {"readyReplicas": 3}}, ready_spares=1) == 2
+    assert ready_instances({**sts, "status": {"readyReplicas": 1}}, ready_spares=0) == 1
+    # An instance pod down, its spare up and ready: one instance runs, not two.
+    assert ready_instances({**sts, "status": {"readyReplicas": 2}}, ready_spares=1) == 1
     suspended = resources.statefulset(OWNER, "count", 1, 0, standby=False, redis=resources.RedisTarget("redis://r"),
                                       settings=Settings(), spares=1)
     assert suspended["spec"]["replicas"] == 0
