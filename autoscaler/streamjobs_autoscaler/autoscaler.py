@@ -110,12 +110,12 @@ class Autoscaler:
         current = self.scaler.parallelism()
         recommended = POLICIES[self.settings.policy](self.topology, rates, current, self.settings)
         history = self.log.entries()
-        decided = []
+        decided, asked = [], {}
         for d in recommended:
             op = d.operator
             if op in self._catching_up:
                 d = guards.caught_up(d, rates[op], self.settings)
-            d = guards.max_step(d, self.settings)
+            d = asked[op] = guards.max_step(d, self.settings)
             d, self._up_streak[op] = guards.activation(d, self._up_streak.get(op, 0), self.settings,
                                                        rates[op].settled)
             d = guards.ineffective(d, self._blocked_up.get(op))
@@ -123,6 +123,15 @@ class Autoscaler:
                 d = guards.undone_by_history(d, now, history, self.settings)
                 d, self._down_asked[op] = guards.scale_down_delay(d, now, self._down_asked.get(op), self.settings)
             decided.append(d)
+        if any(d.changes for d in decided):
+            # The rescale restarts every operator's metrics window: a scale-up activation still held would wait
+            # a whole stabilization more for its last confirmation, and DS2 sizes the operators in one step.
+            for i, d in enumerate(decided):
+                if d.rule == Rule.ACTIVATION:
+                    self._up_streak[d.operator] = 0
+                    up = asked[d.operator]
+                    up = replace(up, note="; ".join(filter(None, (up.note, "along with the others' rescale"))))
+                    decided[i] = guards.ineffective(up, self._blocked_up.get(d.operator))
         decision = Decision(now, self.settings.policy, tuple(decided))
         # A decision that changes nothing is recorded only when what holds changes back differs from last time.
         holds = tuple((d.operator, d.rule, d.parallelism) for d in decided if d.changes or d.rule.event)

@@ -8,7 +8,7 @@ import pytest
 from streamjobs_autoscaler.autoscaler import Autoscaler
 from streamjobs_autoscaler.collect import OperatorCounters, Snapshot
 from streamjobs_autoscaler.decision import Rule
-from streamjobs_autoscaler.evaluate import balanced, ds2, window_rates
+from streamjobs_autoscaler.evaluate import Rates, balanced, ds2, window_rates
 from streamjobs_autoscaler.policies import ds2_policy
 from streamjobs_autoscaler.ports import MemoryDecisionLog
 from streamjobs_autoscaler.topology import OperatorInfo, Topology
@@ -476,6 +476,27 @@ def test_unreachable_metrics_skip_a_tick_and_keep_the_window():
     scaler.collector = real
     run(job, scaler, 10)
     assert len(scaler._window) > 1
+
+
+def test_a_scale_up_that_activation_holds_goes_along_with_another_operators_rescale(monkeypatch):
+    """DS2 sizes every operator in one step: when one operator's scale-up is confirmed and another's is one
+    interval short (its true rate not settled yet), both go now; waiting would cost the second a whole
+    stabilization after the first one's rescale."""
+    from streamjobs_autoscaler import autoscaler as module
+    from streamjobs_autoscaler.decision import OperatorDecision
+
+    job = FluidJob(rate=700)
+    scaler, _ = autoscaler(job, activation_intervals=1)
+    asks = [OperatorDecision("stage", 1, 3, 3, Rule.DS2), OperatorDecision("sink", 1, 2, 2, Rule.DS2)]
+    monkeypatch.setitem(module.POLICIES, "ds2", lambda *_: asks)
+    rates = {op: Rates(1, 100, 100, 100, 0.5, 1000, 0, settled=op != "sink") for op in ("stage", "sink")}
+    decision = scaler._decide(rates, 0.0)
+    assert [(d.operator, d.parallelism) for d in decision.changes] == [("stage", 3), ("sink", 2)]
+    assert "along with the others' rescale" in decision.changes[1].note and decision.executed
+    assert job.parallelism["stage"] == 3 and job.parallelism["sink"] == 2
+    alone = autoscaler(FluidJob(rate=700), activation_intervals=1)[0]
+    monkeypatch.setitem(module.POLICIES, "ds2", lambda *_: asks[1:])
+    assert not alone._decide(rates, 0.0).changes  # with no other rescale it waits its interval
 
 
 def test_guard_rails_return_what_to_remember_and_name_their_rule():
