@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -39,7 +38,7 @@ MISTAKES = {
 }
 
 
-def _run(mistake: str, tmp_path: Path) -> tuple[subprocess.CompletedProcess, float, dict]:
+def _run(mistake: str, tmp_path: Path) -> tuple[subprocess.CompletedProcess, dict]:
     stage, changes, _ = MISTAKES[mistake]
     spec = json.loads(json.dumps(BASE))
     spec["spec"]["stages"][stage].update(changes)
@@ -47,19 +46,19 @@ def _run(mistake: str, tmp_path: Path) -> tuple[subprocess.CompletedProcess, flo
     path = tmp_path / f"{mistake.replace(' ', '-')}.yaml"
     path.write_text(yaml.safe_dump(spec))
     report = path.with_suffix(".json")
-    started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "streamjobs.cli", "run", str(path), "--duration", "90",
-                           "--report", str(report)], capture_output=True, text=True, timeout=170, cwd=ROOT)
-    return done, time.monotonic() - started, json.loads(report.read_text())
+    # Ten minutes to run: a run the mistake does not end at once outlasts the timeout. The timeout leaves room
+    # for a loaded machine's JVM starts (two runs at once, each with a worker's and a rehearsal's session).
+    done = subprocess.run([sys.executable, "-m", "streamjobs.cli", "run", str(path), "--duration", "600",
+                           "--report", str(report)], capture_output=True, text=True, timeout=240, cwd=ROOT)
+    return done, json.loads(report.read_text())
 
 
 def test_each_mistake_ends_the_run_at_once_naming_the_operator_and_the_cause(tmp_path):
     with ThreadPoolExecutor(2) as pool:
         runs = dict(zip(MISTAKES, pool.map(lambda m: _run(m, tmp_path), MISTAKES)))
-    for mistake, (done, seconds, report) in runs.items():
+    for mistake, (done, report) in runs.items():
         screen = " ".join((done.stdout + done.stderr).split())  # rich folds long lines
         assert done.returncode == 1, (mistake, screen)
-        assert seconds < 60, (mistake, seconds)
         assert "Traceback" not in done.stdout + done.stderr, (mistake, screen)
         for said in MISTAKES[mistake][2]:
             assert said in screen, (mistake, said, screen)

@@ -51,6 +51,9 @@ def test_the_query_gives_every_auction_at_its_sliding_windows_maximum(spark):
 
 
 def test_a_short_streaming_run_chains_both_aggregations_and_measures_after_window_end(spark):
+    # A discarded run first, as the bench's warm-up: the session's first streaming query loads and compiles
+    # for seconds, which on a loaded machine took the whole measured run.
+    sss_peer.measure_latency(spark, SHAPE, 2000, 5)
     measured = sss_peer.measure_latency(spark, SHAPE, 2000, 15)
     assert measured["stateful_operators"] >= 3  # two aggregations and their join
     assert measured["rows"] > 0 and measured["input_records_per_s"] > 0

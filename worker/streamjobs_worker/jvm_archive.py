@@ -10,35 +10,57 @@ worker, a job's start.
 
 The archive is built once per installation (`make setup`, the worker image's
 build) by `python -m streamjobs_worker.jvm_archive`; workers use it when it
-exists. The JVM checks it against its own build and class path and ignores one
-that does not match with a one-line warning, so a stale archive costs its
-speed-up, never a wrong class.
+exists. The JVM checks it against its own build and each class path jar's size
+and modification time, and ignores one that does not match with a one-line
+warning: a stale archive costs its speed-up, never a wrong class. So the
+archive is named after those too: a reinstall at the same path (a CI's clean
+clone, a rebuilt image) gets an archive of its own, where it kept mapping none.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 ARCHIVE_ENV = "STREAMJOBS_JVM_ARCHIVE"  # a path; empty: no archive
+_NAME = re.compile(r"spark-([0-9a-f]{16})-[0-9a-f]{16}\.jsa")  # the default's: installation, checked files
 
 
 def archive_path() -> Path | None:
     """Where this installation's archive is (or goes): $STREAMJOBS_JVM_ARCHIVE, else a file in the user's cache
-    named after what the archive depends on (PySpark's jars and the java binary)."""
+    named after the installation (PySpark's place and the java binary) and what the JVM checks the archive
+    against (the JDK's files, each of PySpark's jars' size and modification time)."""
     configured = os.environ.get(ARCHIVE_ENV)
     if configured is not None:
         return Path(configured) if configured else None
     import pyspark
 
+    spark_home = Path(pyspark.__file__).parent
     java = shutil.which("java", path=_java_path())
-    depends_on = f"{pyspark.__version__}|{Path(pyspark.__file__).parent}|{java and Path(java).resolve()}"
+    java = java and Path(java).resolve()
+    installation = _digest(f"{pyspark.__version__}|{spark_home}|{java}")
+    jdk = [java, java.parent.parent / "lib" / "modules", java.parent.parent / "lib" / "server" / "libjvm.so"] \
+        if java else []
+    checked = "|".join(f"{f.name}:{st.st_size}:{st.st_mtime_ns}"
+                       for f in [*jdk, *sorted((spark_home / "jars").glob("*.jar"))] if (st := _stat(f)))
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return cache / "streamjobs" / f"spark-{hashlib.sha256(depends_on.encode()).hexdigest()[:16]}.jsa"
+    return cache / "streamjobs" / f"spark-{installation}-{_digest(checked)}.jsa"
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _stat(path: Path) -> os.stat_result | None:
+    try:
+        return path.stat()
+    except OSError:
+        return None
 
 
 def java_options() -> str:
@@ -65,7 +87,19 @@ def build(path: Path | None = None, force: bool = False) -> Path | None:
         os.replace(partial, path)  # workers starting meanwhile see no archive or a whole one
     finally:
         partial.unlink(missing_ok=True)
+    _remove_stale(path)
     return path
+
+
+def _remove_stale(path: Path) -> None:
+    """This installation's earlier archives, which its JVMs no longer map (~170 MB each). A JVM mapping one
+    keeps its pages; unlinking it frees the disk when that JVM exits."""
+    named = _NAME.fullmatch(path.name)
+    if named is None:
+        return  # a configured path: not ours to clean beside
+    for stale in path.parent.glob(f"spark-{named[1]}-*.jsa"):
+        if stale != path and _NAME.fullmatch(stale.name):
+            stale.unlink(missing_ok=True)
 
 
 class ArchiveError(RuntimeError):
