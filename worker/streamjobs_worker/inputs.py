@@ -41,6 +41,7 @@ from streamjobs_core.spec import BatchingSettings
 from streamjobs_core.watermarks import MIN_WATERMARK, runs_of
 
 from . import phases
+from .metrics import WorkerMetrics
 from .transaction import Transaction
 
 if TYPE_CHECKING:
@@ -116,6 +117,10 @@ class Input(Protocol):
     def wait_ms(self, pacing: Pacing, pending: InputBatch | None, now: float) -> int:
         """How long the next read may block, `pending` read before and not run yet (pacing.py)."""
 
+    def due(self, pacing: Pacing, batch: InputBatch, releasing: bool, now: float) -> bool:
+        """Whether the batch read so far runs now, `releasing` when its commit hands key groups over or switches
+        plans (pacing.py)."""
+
     def adapt(self, batch: InputBatch, busy_s: float, batching: BatchingSettings) -> None:
         """Size the next reads after a batch that kept the worker busy busy_s."""
 
@@ -164,6 +169,16 @@ class Input(Protocol):
 
     def lag(self) -> dict[tuple[str, int], int]:
         """Records produced into each owned stream and not yet consumed, per (upstream, kg)."""
+
+
+def open_input(r: redis.Redis, store: JobStore, plan: JobPlan, op: str, instance: int, owned: tuple[int, ...],
+               metrics: WorkerMetrics, holds: Callable[[int], bool]) -> Input:
+    """The input of a chain headed by `op`: its source, or the kg streams of its owned key groups."""
+    if plan.spec.operator(op) not in plan.spec.sources:
+        return StreamInput(r, store, plan, op, instance, owned, holds)
+    from .source_input import SourceInput  # imported here: it builds on this module's InputBatch
+
+    return SourceInput(r, store, plan, op, owned, metrics)
 
 
 class StreamInput:
@@ -284,6 +299,9 @@ class StreamInput:
     def wait_ms(self, pacing: Pacing, pending: InputBatch | None, now: float) -> int:
         # Holding back for barriers, the batch is due when they arrive, not by time.
         return pacing.wait_ms(None if self.holding else pending, now)
+
+    def due(self, pacing: Pacing, batch: InputBatch, releasing: bool, now: float) -> bool:
+        return pacing.due(batch, releasing, now)
 
     def adapt(self, batch: InputBatch, busy_s: float, batching: BatchingSettings) -> None:
         # Under backlog a bigger batch costs little more than a small one (Spark's fixed cost dominates), so

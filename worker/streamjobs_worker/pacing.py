@@ -35,8 +35,7 @@ SOURCE_TICK_S = 0.05
 
 
 class Pacing:
-    def __init__(self, batching: BatchingSettings, head_spec, is_source: bool, runs_spark: bool = False) -> None:
-        self._is_source = is_source
+    def __init__(self, batching: BatchingSettings, head_spec, runs_spark: bool = False) -> None:
         self._runs_spark = runs_spark
         self._max_wait_s = batching.max_wait_ms / 1000
         self._min_interval_s = batching.min_interval_ms / 1000
@@ -53,7 +52,8 @@ class Pacing:
         self._first_pending_at: float | None = None
 
     def due(self, batch: InputBatch, releasing: bool, now: float) -> bool:
-        if self._is_source or batch.full or releasing or batch.bad or batch.watermark == MAX_WATERMARK:
+        """Whether the batch read from kg streams runs now (a source's runs at every poll: source_wait_ms)."""
+        if batch.full or releasing or batch.bad or batch.watermark == MAX_WATERMARK:
             return True
         if batch.records and self._first_pending_at is None:
             self._first_pending_at = now

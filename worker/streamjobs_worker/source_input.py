@@ -55,6 +55,9 @@ class SourceInput:
     def wait_ms(self, pacing: Pacing, pending: InputBatch | None, now: float) -> int:
         return pacing.source_wait_ms(self.behind, now)
 
+    def due(self, pacing: Pacing, batch: InputBatch, releasing: bool, now: float) -> bool:
+        return True  # paced before the poll instead (wait_ms): what a poll returns was due
+
     def adapt(self, batch: InputBatch, busy_s: float, batching: BatchingSettings) -> None:
         target = batching.target_batch_ms / 1000
         if self.behind and busy_s < target:

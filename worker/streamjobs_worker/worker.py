@@ -35,14 +35,13 @@ from streamjobs_core.watermarks import MAX_WATERMARK, MIN_WATERMARK
 from . import controlhandlers, phases, recovery
 from .chain import OperatorChain, dead_letter
 from .controlhandlers import ControlContext
-from .inputs import Input, InputBatch, StreamInput
+from .inputs import InputBatch, open_input
 from .metrics import WorkerMetrics
 from .outputs import OutputRouter
 from .ownership import Ownership
 from .pacing import Pacing
 from .quarantine import Quarantine
 from .rehearsal import rehearse
-from .source_input import SourceInput
 from .standby import Prestaged, state_directory
 from .state import open_store
 from .transaction import Checkpoint, Transaction
@@ -93,9 +92,7 @@ class Worker:
         self.prestaged = prestaged
         self.store = prestaged.store if prestaged is not None else open_store(
             plan.spec.state.backend, self.owned, state_directory(plan, op, instance, assignment.epoch))
-        self.is_source = self.spec in plan.spec.sources
-        self.input: Input = (SourceInput(r, jobs, plan, op, self.owned, self.metrics) if self.is_source
-                             else StreamInput(r, jobs, plan, op, instance, self.owned, self._holds_back))
+        self.input = open_input(r, jobs, plan, op, instance, self.owned, self.metrics, self._holds_back)
         self.quarantine = Quarantine(jobs, op, instance, plan.spec.restarts, self.input.isolates)
         self.input.restore()
         # Counted before the rehearsal: a worker that dies in it (a function that crashes on any record) counts.
@@ -105,7 +102,7 @@ class Worker:
         self.router = OutputRouter(plan, chain.tail, runs(self.owned)) if edges else None
         self.checkpoint = Checkpoint(r, jobs, op, instance, self.incarnation, self.store,
                                      plan.spec.state.snapshot_every_batches)
-        self.pacing = Pacing(plan.spec.batching, self.spec, self.is_source, runs_spark=bool(self.chain.stages))
+        self.pacing = Pacing(plan.spec.batching, self.spec, runs_spark=bool(self.chain.stages))
         if not warm:  # a standby or a spare rehearsed while it waited
             rehearse(r, plan, op)
         # Registering the endpoint tells the runtime this instance is ready (Spark is up).
@@ -195,8 +192,8 @@ class Worker:
             self.metrics.idle_seconds.inc(read_s)
         releases = self._handovers()
         switch_to = self.input.aligned()
-        due = isolated is not None or self.pacing.due(batch, bool(releases) or switch_to is not None,
-                                                      time.monotonic()) or self._holds_back_producers(batch)
+        due = isolated is not None or self.input.due(self.pacing, batch, bool(releases) or switch_to is not None,
+                                                     time.monotonic()) or self._holds_back_producers(batch)
         if switch_to is None and self.input.holding:
             return  # holding back until every producer passed its reconfiguration barrier
         if not due:
@@ -277,7 +274,7 @@ class Worker:
                 version, dropped))
         if self.router is not None:
             self.router = OutputRouter(plan, self.chain.chain.tail, runs(self.owned))
-        self.pacing = Pacing(plan.spec.batching, self.spec, self.is_source, runs_spark=bool(self.chain.stages))
+        self.pacing = Pacing(plan.spec.batching, self.spec, runs_spark=bool(self.chain.stages))
         self.checkpoint.snapshot_every = plan.spec.state.snapshot_every_batches
         self.jobs.record_versions(txn, self.op, self.owned, version)
         self.jobs.record_cut(txn, self.op, version, self.input.offsets())
