@@ -148,11 +148,11 @@ class Chaos:
     def _kill(self, runtime, now: float, rescale: RescaleState | None) -> bool:
         """SIGKILL a random worker (while a rescale runs, one of its operator's); False if none was alive."""
         phase = rescale.phase.value if rescale else None
-        targets = [("worker", key, inst) for key, inst in list(runtime.instances.items())]
+        targets = [("worker", key, inst) for key, inst in list(runtime.processes.instances.items())]
         if rescale is not None:  # some kills while a rescale prestages or hands over: aim at its operator
             op = rescale.operator
             targets = [t for t in targets if t[1][0] == op] + [
-                ("standby", key, inst) for key, inst in list(runtime.standbys.items()) if key[0] == op]
+                ("standby", key, inst) for key, inst in list(runtime.processes.standbys.items()) if key[0] == op]
         alive = [t for t in targets if t[2].process.poll() is None]  # a dead one's restart is under way
         if not alive:
             return False
@@ -196,7 +196,7 @@ class Chaos:
 def _whole(runtime) -> bool:
     registered = runtime.jobs.registered()
     return runtime.jobs.rescale_state() is None and all(
-        inst.process.poll() is None and key in registered for key, inst in list(runtime.instances.items()))
+        inst.process.poll() is None and key in registered for key, inst in list(runtime.processes.instances.items()))
 
 
 QUICK = (240.0, 20)

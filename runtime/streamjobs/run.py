@@ -28,8 +28,9 @@ from . import report as reporting
 from .autoscaling import local_autoscaler
 from .launchers import Launcher, ProcessLauncher
 from .live import LiveView, latency_samples, percentiles
-from .local import JobFailed, LocalRuntime
+from .local import LocalRuntime
 from .redis_server import RedisServer
+from .supervisor import JobFailed
 
 DRAIN_TIMEOUT_S = 240.0
 
@@ -101,7 +102,7 @@ def _run(runtime: LocalRuntime, console: Console, logs: Path, own_redis: bool, d
         "interrupted": interrupted,
         "drained": drained,
         "restarts": runtime.restarts(),
-        "spares_promoted": runtime.promoted,
+        "spares_promoted": runtime.processes.spares.promoted,
         "operators": reporting.committed_counts(runtime.r, runtime.plan),
         "sinks": reporting.sink_counts(runtime.r, runtime.plan),
         "latency_ms": percentiles(latency_samples(runtime.r, runtime.keys)),

@@ -113,7 +113,7 @@ def feed(r, keys) -> dict[str, int]:
 def worker_rss_mb(runtime) -> float:
     """The largest resident memory of a worker and its JVM (its own session), MB."""
     groups: dict[int, float] = {}
-    pids = {inst.process.pid for inst in list(runtime.instances.values())}
+    pids = {inst.process.pid for inst in list(runtime.processes.instances.values())}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue

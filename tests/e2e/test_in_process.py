@@ -18,7 +18,7 @@ def test_a_job_in_threads_goes_through_a_kill_a_rescale_and_a_reconfiguration_ex
     def during(runtime, elapsed: float) -> None:
         if elapsed >= 4 and "killed" not in done:
             runtime.kill("tag", 1, signal.SIGKILL)  # mid-stream: its batch in flight is abandoned
-            done["killed"] = runtime.instances[("tag", 1)].process.poll()
+            done["killed"] = runtime.processes.instances[("tag", 1)].process.poll()
         elif elapsed >= 6 and "rescaled" not in done:
             done["rescaled"] = runtime.rescale("count", 3, "batched")
         elif "rescaled" in done and "reconfigured" not in done:

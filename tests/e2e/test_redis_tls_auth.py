@@ -75,7 +75,7 @@ def test_wordcount_over_tls_with_a_password_is_exact_and_shows_the_password_nowh
     jvm_environments: list[bytes] = []
 
     def look_at_workers(runtime, _elapsed: float) -> None:
-        for inst in [i for i in list(runtime.instances.values()) if i.process.poll() is None]:
+        for inst in [i for i in list(runtime.processes.instances.values()) if i.process.poll() is None]:
             command_lines.append(Path(f"/proc/{inst.process.pid}/cmdline").read_bytes().decode(errors="replace"))
             for child in _children(inst.process.pid):  # Spark's JVM: what SQL's getenv would read
                 jvm_environments.append(Path(f"/proc/{child}/environ").read_bytes())

@@ -86,7 +86,7 @@ def test_all_at_once_fluid_and_batched_rescales_lose_nothing_through_sigkills(re
     def kill_beside_the_rescales(runtime) -> None:  # a rescale blocks the runtime's loop
         deadline = time.monotonic() + 400
         while time.monotonic() < deadline and len(killed) < 4:
-            standby = runtime.standbys.get(("count", 1))
+            standby = runtime.processes.standbys.get(("count", 1))
             if not killed and standby is not None and standby.process.poll() is None:
                 time.sleep(1.0)  # mid warm-up
                 standby.process.send_signal(signal.SIGKILL)

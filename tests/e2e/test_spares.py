@@ -26,17 +26,17 @@ def test_spares_are_promoted_demoted_and_replace_a_killed_instance(redis_server,
     seen: dict[str, object] = {}
 
     def pid(runtime, index: int) -> int:
-        return runtime.instances[("count", index)].process.pid
+        return runtime.processes.instances[("count", index)].process.pid
 
     def during(runtime, elapsed: float) -> None:
-        pool = runtime.spares["count"]
+        pool = runtime.processes.spares.pools["count"]
         step = seen.setdefault("step", 0)
         if step == 0 and elapsed >= 4:
             # Started with the job and warm before the sources began.
             seen["ready_at_start"] = runtime.jobs.ready_spares("count") == {pool[0].name}
             spare = pool[0].process.pid
             seen["scale_out"] = runtime.rescale("count", 2, "batched")
-            seen["promoted_is_spare"] = pid(runtime, 1) == spare and not runtime.spares["count"]
+            seen["promoted_is_spare"] = pid(runtime, 1) == spare and not runtime.processes.spares.pools["count"]
             seen["step"] = 1
         elif step == 1 and elapsed >= 8:
             runtime.kill("count", 1, signal.SIGKILL)  # the promoted spare; the pool is empty, so a new process replaces it
@@ -44,11 +44,11 @@ def test_spares_are_promoted_demoted_and_replace_a_killed_instance(redis_server,
         elif step == 2 and ("count", 1) in runtime.jobs.registered() and elapsed >= 12:
             demoted = pid(runtime, 1)
             seen["scale_in"] = runtime.rescale("count", 1, "batched")
-            seen["demoted_is_spare"] = [s.process.pid for s in runtime.spares["count"]] == [demoted]
+            seen["demoted_is_spare"] = [s.process.pid for s in runtime.processes.spares.pools["count"]] == [demoted]
             seen["step"] = 3
         elif step == 3 and runtime.jobs.ready_spares("count") == {pool[0].name}:
             seen["spare"] = pool[0].process.pid
-            killed = runtime.instances[("count", 0)].process
+            killed = runtime.processes.instances[("count", 0)].process
             runtime.kill("count", 0, signal.SIGKILL)
             killed.wait()
             deadline = time.monotonic() + 10

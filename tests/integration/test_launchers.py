@@ -29,7 +29,7 @@ def test_a_killed_thread_worker_commits_nothing_more_and_its_restart_goes_on_exa
 
     def during(runtime, elapsed: float) -> None:
         if "killed" not in seen and r.xlen(out) > 20:
-            worker = runtime.instances[("out", 0)].process
+            worker = runtime.processes.instances[("out", 0)].process
             worker.kill()
             seen.update(killed=r.xlen(out), status=worker.poll(), worker=worker)
             seen["after"] = []

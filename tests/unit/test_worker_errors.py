@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from streamjobs.local import last_error
+from streamjobs.supervisor import last_error
 
 pytestmark = pytest.mark.unit
 
