@@ -53,7 +53,7 @@ def test_a_run_killed_with_its_workers_goes_on_exactly_and_a_drained_one_ends(re
     t0, before = jobs.plan().t0_ms, r.xlen(out)
 
     report = tmp_path / "r.json"
-    second = _run(redis_server.url, "--duration", "15", "--report", str(report))
+    second = _run(redis_server.url, "--duration", "5", "--report", str(report))
     stdout, stderr = second.communicate(timeout=240)
     assert second.returncode == 0, stderr
     assert "resumed wordcount-small from its last commits" in stdout
@@ -77,7 +77,8 @@ def test_a_job_stopped_without_draining_goes_on_from_its_last_commits_exactly(re
     jobs = RedisJobStore(r, "wordcount-small")
     first = _first_run(redis_server.url, r, jobs)
     rescale = subprocess.run([sys.executable, "-m", "streamjobs.cli", "rescale", "--job", "wordcount-small",
-                              "--operator", "count", "--parallelism", "1", "--redis-url", redis_server.url],
+                              "--operator", "count", "--parallelism", "1", "--strategy", "batched", "--redis-url",
+                              redis_server.url],
                              capture_output=True, text=True, timeout=180)
     assert rescale.returncode == 0, rescale.stderr
     stop = subprocess.run([sys.executable, "-m", "streamjobs.cli", "stop", "--job", "wordcount-small", "--redis-url",
@@ -88,7 +89,7 @@ def test_a_job_stopped_without_draining_goes_on_from_its_last_commits_exactly(re
     assert not jobs.registered() and not jobs.stop_requested()
 
     report = tmp_path / "r.json"
-    second = _run(redis_server.url, "--duration", "15", "--report", str(report))
+    second = _run(redis_server.url, "--duration", "5", "--report", str(report))
     stdout, stderr = second.communicate(timeout=240)
     assert second.returncode == 0 and "resumed wordcount-small from its last commits" in stdout, stderr
     # Its spec says 2 instances of count, the run it goes on from had 1: it says so and how to change it.
