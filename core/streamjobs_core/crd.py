@@ -47,7 +47,7 @@ _LEADING_KEYS = {"type": 0, "nullable": 1, "description": 2}
 _STATUS_COLUMNS = (  # (column, status field, type, description)
     ("Phase", "phase", "string", "Lifecycle phase of the job."),
     ("Parallelism", "parallelismSummary", "string", "Instances of each operator, summarised for display."),
-    ("Input rate", "inputRate", "number", "Records per second the sources emit."),
+    ("Input rate", "inputRate", "number", "Records per second the sources emitted, over the last 15 s."),
     ("Lag", "lag", "integer", "Records sent between operators and not consumed yet."),
     ("Last decision", "lastDecision", "string", "The latest scaling decision and its reason."),
 )

@@ -203,7 +203,7 @@ def refresh(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     if ctx is None:
         return
     try:
-        _, memo["flow"] = reconcile.refresh_status(ctx, memo.get("flow"))
+        _, memo["flow"] = reconcile.refresh_status(ctx, memo.get("flow", ()))
     except Failed as exc:
         _failed(body, ctx, exc)
         return

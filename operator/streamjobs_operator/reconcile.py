@@ -427,17 +427,17 @@ def cleanup(owner: Owner, body: Any, kube: Kube, settings: Settings) -> int:
         r.close()
 
 
-def refresh_status(ctx: JobContext, last_flow: tuple[float, int] | None = None) -> tuple[dict, tuple | None]:
+def refresh_status(ctx: JobContext, readings: tuple[status.Reading, ...] = ()) -> tuple[dict, tuple[status.Reading, ...]]:
     """Desired, current and assigned parallelism and epochs, input rate and lag, for `kubectl get sj`.
 
-    Returns the operators' status and this reading of the sources' emitted records (time, count),
-    from which the next call computes the input rate. Raises Failed (its workers stopped) once a worker said
+    Returns the operators' status and the readings of the sources' emitted records (time, count) the next call
+    computes the input rate over, `readings` with this one. Raises Failed (its workers stopped) once a worker said
     the job cannot go on.
     """
     fleet = ctx.fleet()
     statefulsets = [(sts["metadata"]["labels"].get(resources.LABEL_OPERATOR), sts) for sts in fleet.statefulsets()]
     kept = {op for op, sts in statefulsets if spares_of(sts)}  # operators whose StatefulSet keeps warm spares
-    assigned, in_progress, reading, history, spares = {}, None, None, [], {}
+    assigned, in_progress, lag, history, spares = {}, None, None, [], {}
     with ctx.redis() as r:
         plan = store.read_plan(r, ctx.owner.job)
         if plan is not None:
@@ -448,15 +448,15 @@ def refresh_status(ctx: JobContext, last_flow: tuple[float, int] | None = None) 
             in_progress = progress(jobs)
             history = jobs.rescale_history(-RESCALES_SHOWN)
             emitted, lag = store.flow(r, plan)
-            reading = (time.monotonic(), emitted)
+            readings = status.flow_readings(readings, (time.monotonic(), emitted))
     ready: dict[str, int] = {}
     for op, sts in statefulsets:
         ready[op] = ready.get(op, 0) + ready_instances(sts, spares.get(op, 0) if spares_of(sts) else 0)
     ctx.status.rescale(in_progress)
     if history:
         ctx.status.rescales(history)
-    if reading is not None:
-        ctx.status.flow(status.input_rate(last_flow, reading), lag)
+    if lag is not None:
+        ctx.status.flow(status.input_rate(readings), lag)
     spec = ctx.job.spec
     names = {op.name for op in spec.operators}
     # While an edit that adds or removes operators is applied, the plan in force and the spec differ: the
@@ -469,7 +469,7 @@ def refresh_status(ctx: JobContext, last_flow: tuple[float, int] | None = None) 
     operators = status.operators_status(desired, assigned, ready,
                                         {name: spares[head] for name, head in heads.items() if head in spares})
     ctx.status.operators(operators)
-    return operators, reading
+    return operators, readings
 
 
 __all__ = ["Failed", "JobContext", "NotReady", "SpecError", "UnsupportedChange", "cleanup", "create", "deploy", "handle_requests",

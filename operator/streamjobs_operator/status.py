@@ -44,11 +44,27 @@ def parallelism_summary(operators: Mapping[str, dict]) -> str:
     return " ".join(parts)
 
 
-def input_rate(previous: tuple[float, int] | None, now: tuple[float, int]) -> float | None:
-    """Records per second between two (time, records emitted) readings; None without a usable pair."""
-    if previous is None or now[0] <= previous[0] or now[1] < previous[1]:
-        return None  # the first reading, or counters that began again (the job was redeployed)
-    return round((now[1] - previous[1]) / (now[0] - previous[0]), 1)
+# The span `kubectl get sj`'s input rate averages over. Sources emit in batches (a chained Spark stage's batch can
+# take seconds), so two readings one status interval apart see one batch or none; Flink's meters average too.
+RATE_WINDOW_S = 15.0
+
+Reading = tuple[float, int]  # (monotonic time, records the sources have emitted)
+
+
+def flow_readings(previous: tuple[Reading, ...], now: Reading) -> tuple[Reading, ...]:
+    """The readings the input rate averages over: those of the last RATE_WINDOW_S before `now`, then `now`.
+    Counters below an earlier reading began again (the job was redeployed): those earlier readings go."""
+    if previous and previous[-1][1] > now[1]:
+        return (now,)
+    return (*(r for r in previous if now[0] - RATE_WINDOW_S <= r[0] < now[0]), now)
+
+
+def input_rate(readings: tuple[Reading, ...]) -> float | None:
+    """Records per second from the first reading to the last; None without two readings."""
+    if len(readings) < 2:
+        return None
+    (t0, n0), (t1, n1) = readings[0], readings[-1]
+    return round((n1 - n0) / (t1 - t0), 1)
 
 
 # Ready: the job processes records (a live rescale or reconfiguration does not stop it). Scaling and

@@ -43,9 +43,10 @@ def test_a_window_stage_in_pods_rescales_by_a_spec_edit_with_prestaged_state_and
     jobs = RedisJobStore(redis_client, job_id("elastic"))
     out = jobs.keys.output_stream("totals")
     eventually(lambda: redis_client.xlen(out) > 0, 120, "window results")
-    # `kubectl get sj` columns: the source offers 150 rec/s; what waits between operators is a count.
-    flow = eventually(lambda: (s := get(kube, "elastic").get("status", {})).get("inputRate") and s, 30, "input rate")
-    assert 50 < flow["inputRate"] < 450 and flow["lag"] >= 0
+    # `kubectl get sj` columns: the source offers 150 rec/s (its first batch, after Spark's start, carries what
+    # was due meanwhile, and the rate averages a window); what waits between operators is a count.
+    eventually(lambda: 50 < (get(kube, "elastic").get("status", {}).get("inputRate") or 0) < 450, 60, "input rate")
+    assert get(kube, "elastic")["status"]["lag"] >= 0
 
     seen_standbys: list[list[str]] = []
 

@@ -9,7 +9,15 @@ from streamjobs_operator import resources
 from streamjobs_operator.autoscaling import KopfEvents, parallelism_patch
 from streamjobs_operator.config import Settings
 from streamjobs_operator.reconcile import UnsupportedChange, check_change, job_of, parallelism_only
-from streamjobs_operator.status import conditions, input_rate, operators_status, parallelism_summary, rescale_history
+from streamjobs_operator.status import (
+    RATE_WINDOW_S,
+    conditions,
+    flow_readings,
+    input_rate,
+    operators_status,
+    parallelism_summary,
+    rescale_history,
+)
 from streamjobs_operator.store import NoRedis, redis_target
 
 from .jobs import wordcopy
@@ -198,10 +206,19 @@ def test_a_rescale_in_the_history_names_the_decision_that_asked_for_it_or_the_sp
                           "rolledBack": False, "why": "spec edit"}
 
 
-def test_input_rate_needs_two_readings_of_counters_that_only_grow():
-    assert input_rate(None, (10.0, 500)) is None
-    assert input_rate((10.0, 500), (12.0, 800)) == 150.0
-    assert input_rate((10.0, 500), (12.0, 20)) is None  # the job was redeployed: its counters began again
+def test_input_rate_averages_the_last_window_of_readings_of_counters_that_only_grow():
+    assert input_rate(flow_readings((), (10.0, 500))) is None
+    assert input_rate(flow_readings(((10.0, 500),), (12.0, 800))) == 150.0
+    # A batch of 700 between two readings 1 s apart is not a rate of 700: the window averages it out.
+    readings = ()
+    for t, n in [(0.0, 0), (1.0, 150), (2.0, 150), (3.0, 150), (4.0, 850), (5.0, 1000), (6.0, 1000)]:
+        readings = flow_readings(readings, (t, n))
+    assert input_rate(readings) == round(1000 / 6, 1)
+    # Readings older than the window go.
+    later = flow_readings(readings, (6.0 + RATE_WINDOW_S, 1000 + 150 * RATE_WINDOW_S))
+    assert later[0] == (6.0, 1000) and input_rate(later) == 150.0
+    # The job was redeployed: its counters began again, and only the new reading is left.
+    assert flow_readings(readings, (7.0, 20)) == ((7.0, 20),) and input_rate(flow_readings(readings, (7.0, 20))) is None
 
 
 def test_metrics_listen_on_the_pods_ip_unless_the_chart_says_otherwise():
