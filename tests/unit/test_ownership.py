@@ -42,3 +42,18 @@ def test_a_restarted_instance_sees_what_was_moved_to_it_and_says_so_again():
     restarted.resumed()
     assert store.acquired("agg") == {3: 1}
     assert 3 not in _ownership(store, 0, lambda: 0.0).owned
+
+
+def test_a_key_group_released_while_the_new_instance_starts_is_taken_over_not_said_taken():
+    """A pod added by a scale-out reads who owns what, then starts Spark; the old owner releases meanwhile.
+    Its restore may not say that key group taken (the controller would finish the handover, the moved key groups
+    would go, and nobody would take it over): it is an arrival, loaded and said taken once taken over."""
+    plan, store = control_plan(), MemoryJobStore()
+    store.deploy(plan)
+    starting = _ownership(store, 1, lambda: 1.0)
+    store.release_in(None, "agg", {3: 1})  # while instance 1 started
+    starting.resumed()
+    assert 3 not in starting.owned and store.acquired("agg") == {}
+    assert starting.arrivals() == [3]
+    starting.taken_over([3])
+    assert 3 in starting.owned and store.acquired("agg") == {3: 1}

@@ -31,9 +31,12 @@ class Ownership:
 
     def resumed(self) -> None:
         """After a restart: say again which key groups this instance took over (or was about to say so); the
-        controller waits to hear it."""
-        self._store.record_acquired(self._op, handover.moved_to(self._store, self._op, self._instance),
-                                    self._instance)
+        controller waits to hear it. Only those it owned as it started: one released to it since (while Spark
+        started) is an arrival, whose state and offsets are not loaded yet. Said taken now, the controller would
+        finish the handover, and with the moved key groups gone this instance would never take it over."""
+        self._store.record_acquired(
+            self._op, [kg for kg in handover.moved_to(self._store, self._op, self._instance) if kg in self.owned],
+            self._instance)
 
     def releases(self, at_markers: dict[int, int]) -> dict[int, int]:
         """Key groups to give up with the next commit (kg -> new owner): those whose markers the batch reached
