@@ -5,7 +5,7 @@ whose pods start as standbys (`--await-epoch E`); once they are warm, the older
 StatefulSets of OP are scaled to zero (their workers stop after their last
 commit on SIGTERM) and, after the controller wrote assignment E, deleted. A
 fluid or batched rescale scales OP's current StatefulSet instead: up before
-its key groups move, down after (the pods it removes own nothing then). The
+its key groups move (once their workers registered), down after (the pods it removes own nothing then). The
 controller owns the order and the waiting on Redis; every method here is
 idempotent, so a controller that resumes after an operator restart may repeat any.
 A chain a live reconfiguration adds gets its Service and StatefulSet (epoch 1)
@@ -84,9 +84,16 @@ class KubernetesFleet:
     def add_instances(self, op: str, parallelism: int) -> None:
         current = self.current(op)
         if _instances(current) < parallelism:
+            if self.jobs is not None and not self._promotes(current):
+                for ordinal in range(_instances(current), parallelism):  # no pod there: a crash's registration
+                    self.jobs.unregister(op, ordinal)
             self._scale(current, parallelism)
         if self._promotes(current):
             self._promote(op, parallelism)
+        elif self.jobs is not None:
+            # A pod is ready once its container runs; its worker takes key groups once Spark is up and it
+            # registered. Released before, they would wait out the JVM's start in transit.
+            self._wait_roles(op, set(range(parallelism)), set())
         self.wait_ready({op: parallelism})
 
     def remove_instances(self, op: str, parallelism: int) -> None:

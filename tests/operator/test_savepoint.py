@@ -35,7 +35,10 @@ def test_a_job_restored_from_a_savepoint_goes_on_rescaled_and_exact(
 
     # Restored under 16 key groups (was 12), whose state is split again, and with a longer window, which its state
     # depends on: the annotation starts that state afresh.
-    restored = window_counts("saved", parallelism=2, restoreFrom=str(path), maxParallelism=16)
+    # Grown by a batched scale-out without spares: the added pod is ready (its container runs) well before its
+    # worker can take key groups.
+    restored = window_counts("saved", parallelism=2, restoreFrom=str(path), maxParallelism=16,
+                             rescale={"strategy": "batched"})
     restored["spec"]["stages"][0]["window"]["sizeMs"] = 2000
     restored["metadata"]["annotations"] = {"streamjobs.dev/reset-state": "counts"}
     job(restored)
