@@ -46,8 +46,6 @@ class LocalRuntime:
     redis_url: str
     log_dir: Path
     launcher: Launcher = field(default_factory=ProcessLauncher)  # ThreadLauncher: a job in this process's threads
-    restart_workers: bool = True
-    ready_timeout_s: float = 180.0
     plan: JobPlan | None = None
     notes: list[str] = field(default_factory=list)  # what a person starting the run should know (said once)
     # Called at every wait of a rescale or reconfiguration, which the run's loop waits on: the live view draws.
@@ -62,9 +60,8 @@ class LocalRuntime:
         self.jobs = RedisJobStore(self.r, self.job.metadata.name)
         self.keys = self.jobs.keys
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.processes = Supervisor(self.jobs, lambda: self.job, self.redis_url, self.log_dir, self.launcher,
-                                    self.restart_workers)
-        self.fleet = ProcessFleet(self.processes, lambda: self.plan, self.ready_timeout_s)
+        self.processes = Supervisor(self.jobs, lambda: self.job, self.redis_url, self.log_dir, self.launcher)
+        self.fleet = ProcessFleet(self.processes, lambda: self.plan)
 
     @property
     def parallelism(self) -> dict[str, int]:
@@ -73,7 +70,7 @@ class LocalRuntime:
 
     # --- start -----------------------------------------------------------------
 
-    def start(self, ready_timeout_s: float = 120.0, prepare=None, fresh: bool = True,
+    def start(self, prepare=None, fresh: bool = True,
               savepoint: Savepoint | None = None, reset: tuple[str, ...] = ()) -> bool:
         """Deploy and start the job; `prepare(r, plan)` runs before any worker (benchmarks seed state). Unless
         `fresh`, a run of the job found in Redis goes on from its last commits instead (see `_resume`); with
@@ -81,13 +78,13 @@ class LocalRuntime:
         resumed. A spec that names a savepoint (`restoreFrom`) starts from it where no run goes on. Going on
         under a changed spec, the stateful stages in `reset` start their state afresh."""
         if savepoint is None and not fresh and self.jobs.plan() is not None:
-            self._resume(ready_timeout_s, reset)
+            self._resume(reset)
             return True
         if savepoint is None and self.job.spec.restore_from:
             savepoint = read_restore_from(self.job)
         if savepoint is not None:
             self._restore(savepoint, fresh, reset)
-            self._resume(ready_timeout_s, reset)
+            self._resume(reset)
             return True
         self.jobs.clear(keep_input=True)  # producers may have written the input before this run started
         self.plan = JobPlan(self.job, int(time.time() * 1000))
@@ -96,7 +93,7 @@ class LocalRuntime:
         self.fleet.parallelism = {op: self.job.spec.operator(op).parallelism for op in self.plan.vertices}
         if prepare is not None:
             prepare(self.r, self.plan)
-        self.fleet.start_all(ready_timeout_s, before_sources=self._restamp, with_spares=True)
+        self.fleet.start_all(before_sources=self._restamp, with_spares=True)
         return False
 
     def _restore(self, savepoint: Savepoint, replace: bool, reset: tuple[str, ...]) -> None:
@@ -109,7 +106,7 @@ class LocalRuntime:
                               "pass --fresh to replace it")
         restore(self.jobs, savepoint, max_parallelism=self.job.spec.max_parallelism)
 
-    def _resume(self, ready_timeout_s: float, reset: tuple[str, ...] = ()) -> None:
+    def _resume(self, reset: tuple[str, ...] = ()) -> None:
         """Go on with the run of this job that Redis holds: its plan, parallelism, state, offsets and event-time
         origin as its last commits left them (a run that died: the `streamjobs run` process, the machine). A
         spec that differs is then applied as a reconfiguration; one it cannot take is refused before anything
@@ -138,7 +135,7 @@ class LocalRuntime:
                 self.notes.append(f"{op} goes on with parallelism {n}, as it last ran; its spec says {said}: "
                                   f"`streamjobs rescale --job {self.job.metadata.name} --operator {op} --parallelism "
                                   f"{said} --redis-url URL` changes that")
-        self.fleet.start_all(ready_timeout_s, with_spares=True)  # event time goes on from the first run's origin
+        self.fleet.start_all(with_spares=True)  # event time goes on from the first run's origin
         self.resume_reconfigure()
         if changes.changes:
             self.reconfigure(wanted, reset=reset)
@@ -196,7 +193,7 @@ class LocalRuntime:
 
     def controller(self) -> RescaleController:
         # Waiting inside a rescale still supervises: an old owner or a standby that dies is restarted.
-        return RescaleController(self.jobs, self.plan, self.fleet, standby_timeout_s=self.ready_timeout_s,
+        return RescaleController(self.jobs, self.plan, self.fleet, standby_timeout_s=self.fleet.ready_timeout_s,
                                  sleep=self._wait, on_wait=self.rescale_fault)
 
     def handle_requests(self) -> list[RescaleRecord | ReconfigureRecord | ControlRecord]:
@@ -253,7 +250,7 @@ class LocalRuntime:
         return record
 
     def _reconfigurer(self) -> ReconfigureController:
-        return ReconfigureController(self.jobs, self.ready_timeout_s, sleep=self._wait, fleet=self.fleet)
+        return ReconfigureController(self.jobs, self.fleet.ready_timeout_s, sleep=self._wait, fleet=self.fleet)
 
     def _wait(self, seconds: float) -> None:
         """A controller's wait: workers that die meanwhile are restarted, and the run's view keeps drawing."""

@@ -18,13 +18,13 @@ from .supervisor import Supervisor
 
 
 class ProcessFleet:
-    def __init__(self, processes: Supervisor, plan: Callable[[], JobPlan], ready_timeout_s: float) -> None:
+    def __init__(self, processes: Supervisor, plan: Callable[[], JobPlan], ready_timeout_s: float = 180.0) -> None:
         self.processes = processes
         self._plan = plan  # the job's plan as it runs now: a reconfiguration replaces it
-        self.ready_timeout_s = ready_timeout_s
+        self.ready_timeout_s = ready_timeout_s  # for an instance, a standby or a spare to start (and its controllers)
         self.parallelism: dict[str, int] = {}  # per chain, named by its head (chaining.py)
 
-    def start_all(self, ready_timeout_s: float, before_sources=lambda: None, with_spares: bool = False) -> None:
+    def start_all(self, before_sources=lambda: None, with_spares: bool = False) -> None:
         """Every chain's instances, `with_spares` each chain's pool of warm spares (`rescale.spareInstances`)."""
         plan = self._plan()
         generated = {s.name for s in plan.job.spec.sources if s.type != "redis_stream"}
@@ -38,9 +38,9 @@ class ProcessFleet:
             if with_spares and group is first:  # nothing runs yet: spares warm at full speed, with the workers
                 for op in plan.vertices:
                     self.processes.spares.fill(op, self._spares_wanted(op))
-            self.processes.wait_ready(group, ready_timeout_s)
+            self.processes.wait_ready(group, self.ready_timeout_s)
             if with_spares and group is first:
-                self.processes.wait_spares(ready_timeout_s)
+                self.processes.wait_spares(self.ready_timeout_s)
 
     def _spares_wanted(self, op: str) -> int:
         plan = self._plan()
@@ -93,4 +93,4 @@ class ProcessFleet:
 
     def start_job(self, parallelism: dict[str, int]) -> None:
         self.parallelism.update(parallelism)
-        self.start_all(self.ready_timeout_s)
+        self.start_all()

@@ -69,13 +69,12 @@ class Instance:
 
 class Supervisor:
     def __init__(self, jobs: JobStore, job: Callable[[], StreamJob], redis_url: str, log_dir: Path,
-                 launcher: Launcher, restart_workers: bool = True) -> None:
+                 launcher: Launcher) -> None:
         self.jobs = jobs
         self._job = job  # the job as it runs now: a reconfiguration may change its restart settings
         self.redis_url = redis_url
         self.log_dir = log_dir
         self.launcher = launcher
-        self.restart_workers = restart_workers
         self.instances: dict[tuple[str, int], Instance] = {}
         self.standbys: dict[tuple[str, int], Instance] = {}
         self.spares = SparePool(jobs, launcher, self._popen)
@@ -124,8 +123,6 @@ class Supervisor:
     def supervise(self) -> list[str]:
         """Restart workers that died; return what happened. JobFailed when a worker says the job cannot go on,
         or one died more than `restarts.maxAttempts` times in a row."""
-        if not self.restart_workers:
-            return []
         restarted = []
         now = time.monotonic()
         for (op, index), inst in list(self.instances.items()):

@@ -74,7 +74,7 @@ def _fleet(tmp_path, spares: int):
     processes = Supervisor(store, lambda: plan.job, "redis://127.0.0.1:1", tmp_path, launcher)
     fleet = ProcessFleet(processes, lambda: plan, ready_timeout_s=5.0)
     fleet.parallelism = {"src": 1, "agg": 3}
-    fleet.start_all(5.0, with_spares=True)
+    fleet.start_all(with_spares=True)
     return fleet, processes, launcher
 
 
