@@ -92,5 +92,8 @@ class HelpersError(RuntimeError):
 
 
 if __name__ == "__main__":
-    print(build() or f"no helpers: {HELPERS_ENV} is empty")
+    # `make setup` on an installation that has its jar already: nothing to compile (it is named after all it is
+    # built from).
+    found = jar_path()
+    print((found if found is None or found.is_file() else build(found)) or f"no helpers: {HELPERS_ENV} is empty")
     sys.exit(0)
