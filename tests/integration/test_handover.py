@@ -132,6 +132,38 @@ def test_a_worker_hands_a_key_group_over_at_its_marker_and_stops_reporting_its_l
     assert written(r, plan) == [1, 2, 3]
 
 
+def test_a_key_group_released_to_a_worker_while_it_starts_reaches_it_before_the_handover_ends(r, plan, jobs):
+    """A scale-out's new instance reads who owns what as it starts, then warms Spark up; the old owner releases
+    a key group to it meanwhile. Restored, the new instance does not say it took the key group before it did:
+    the controller, which ends the handover once every key group is taken, would have ended it with nobody
+    reading that key group. Then it takes it over from the release, and its records are written once."""
+    put(r, plan, 3, [1, 2])
+    old = Worker(r, plan, "out", 0)
+    old.restore()
+    old.step()
+    new = Worker(r, plan, "out", 1)  # its pod started: nothing is its own yet
+    assert new.owned == ()
+    step = [Move(3, 0, 1)]
+    handover.start(jobs, plan, "out", step)
+    put(r, plan, 3, [3])
+    old.step()  # released at the marker
+    assert 3 not in old.owned
+
+    def controller_ends_when_taken() -> bool:  # the rescale controller's poll
+        if handover.completed(jobs, "out", step):
+            owners = [1 if kg == 3 else owner for kg, owner in enumerate(jobs.assignment("out").owners)]
+            handover.finish(jobs, "out", Assignment(2, owners))
+            return True
+        return False
+
+    new.restore()
+    assert not controller_ends_when_taken()
+    new.step()
+    assert new.owned == (3,) and controller_ends_when_taken()
+    new.step()  # reads what follows the marker
+    assert written(r, plan) == [1, 2, 3]
+
+
 def test_a_backlogged_owner_releases_at_its_next_commit_and_the_backlog_moves_with_the_key_group(r):
     """A marker behind 20 queued entries would wait until the old owner read them all (a fresh worker reads
     one entry per stream, then doubles). Over markerMaxLagRecords the controller asks for a release at the
