@@ -36,6 +36,7 @@ from . import generators
 from .chaining import chains
 from .codec import decode, encode
 from .control import ReconfigureRecord
+from .exchange import entry_order
 from .jobstore import RedisJobStore
 from .keygroups import Assignment, key_groups_of_columns
 from .plan import JobPlan
@@ -185,7 +186,7 @@ def state_rows(store: RedisJobStore, op: str, key_groups: int, layout) -> pa.Tab
     for snapshot, entries in store.state_logs(op, key_groups):
         covered, rows = read_snapshot(snapshot) if snapshot is not None else (None, None)
         for entry_id, fields in entries:
-            if covered is None or _order(entry_id) > _order(covered):
+            if covered is None or entry_order(entry_id) > entry_order(covered):
                 rows = replay(rows, read_changes(fields), layout)
         tables.append(rows)
     return concat(tables)
@@ -201,9 +202,3 @@ def _snapshots(spec, rows: pa.Table | None, max_parallelism: int) -> dict[int, b
     starts = np.flatnonzero(np.r_[True, kgs[1:] != kgs[:-1]])
     return {int(kgs[start]): snapshot_bytes(rows.slice(start, end - start), _COVERS_NOTHING)
             for start, end in zip(starts, np.r_[starts[1:], len(kgs)])}
-
-
-def _order(entry_id: bytes) -> tuple[int, int]:
-    ms, seq = entry_id.split(b"-")
-    return int(ms), int(seq)
-

@@ -10,6 +10,7 @@ import pyarrow as pa
 import pytest
 from streamjobs_core import handover
 from streamjobs_core.codec import encode
+from streamjobs_core.exchange import RedisStreams
 from streamjobs_core.jobstore import RedisJobStore
 from streamjobs_core.keygroups import Assignment, Move
 from streamjobs_worker.inputs import StreamInput
@@ -39,7 +40,7 @@ def test_the_marker_splits_a_key_group_between_its_old_and_its_new_owner(r, plan
     handover.start(jobs, plan, "agg", [Move(3, 0, 1)])
     write(r, plan, 3, [3, 4], 900)
     write(r, plan, 2, [11], 900)
-    old = StreamInput(r, jobs, plan, "agg", 0, handover.owned_by(jobs, plan, "agg", 0))
+    old = StreamInput(RedisStreams(r), jobs, plan, "agg", 0, handover.owned_by(jobs, plan, "agg", 0))
     old.restore()
     batch = old.read(0, count=100)
     assert sorted(values(batch)) == [1, 2, 10, 11]  # nothing after key group 3's marker
@@ -55,7 +56,7 @@ def test_the_marker_splits_a_key_group_between_its_old_and_its_new_owner(r, plan
     assert handover.owned_by(jobs, plan, "agg", 0) == (0, 1, 2, 4, 5)
     assert handover.moved_to(jobs, "agg", 1) == [3]
 
-    new = StreamInput(r, jobs, plan, "agg", 1, handover.owned_by(jobs, plan, "agg", 1))
+    new = StreamInput(RedisStreams(r), jobs, plan, "agg", 1, handover.owned_by(jobs, plan, "agg", 1))
     new.restore()
     handover.start(jobs, plan, "agg", [Move(3, 0, 1)])  # a resumed controller repeats the step
     batch = new.read(0, count=100)
@@ -87,13 +88,13 @@ def test_a_stream_committed_at_its_marker_stays_parked_after_a_restart(r, plan, 
     write(r, plan, 3, [1], 100)
     handover.start(jobs, plan, "agg", [Move(3, 0, 1)])
     write(r, plan, 3, [2], 900)
-    before = StreamInput(r, jobs, plan, "agg", 0, (3,))
+    before = StreamInput(RedisStreams(r), jobs, plan, "agg", 0, (3,))
     before.restore()
     assert values(before.read(0, count=100)) == [1]
     txn = Transaction()
     before.add_progress(txn)  # the offset is the marker; SIGKILL before the release
     commit(jobs, 0, txn)
-    after = StreamInput(r, jobs, plan, "agg", 0, (3,))
+    after = StreamInput(RedisStreams(r), jobs, plan, "agg", 0, (3,))
     after.restore()
     assert after.handovers() == {3: 1} and values(after.read(0, count=100)) == []
 

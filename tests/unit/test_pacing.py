@@ -68,8 +68,8 @@ def test_a_stateless_stage_runs_on_arrival_but_spends_at_most_half_its_time_on_f
 
 def test_a_source_always_runs_its_tick_while_kg_streams_are_paced():
     plan, jobs = control_plan(), MemoryJobStore()
-    source = open_input(None, jobs, plan, "src", 0, (0,), WorkerMetrics(plan.id, "src", 0), lambda version: True)
-    streams = open_input(None, jobs, plan, "agg", 0, (0,), WorkerMetrics(plan.id, "agg", 0), lambda version: True)
+    source = open_input(None, None, jobs, plan, "src", 0, (0,), WorkerMetrics(plan.id, "src", 0), lambda version: True)
+    streams = open_input(None, None, jobs, plan, "agg", 0, (0,), WorkerMetrics(plan.id, "agg", 0), lambda version: True)
     pacing = Pacing(BATCHING, WINDOW)
     pacing.ran(batch(0, {0: 500}), 0.1, now=0.0)
     assert source.due(pacing, batch(10, {0: 600}), False, now=0.1)

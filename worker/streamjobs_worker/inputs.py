@@ -35,6 +35,7 @@ import pyarrow as pa
 import redis
 from streamjobs_core.codec import DecodeError, decode, header
 from streamjobs_core.deadletters import DeadLetter, Kind
+from streamjobs_core.exchange import Streams
 from streamjobs_core.jobstore import JobStore
 from streamjobs_core.plan import Edge, JobPlan
 from streamjobs_core.spec import BatchingSettings
@@ -171,11 +172,11 @@ class Input(Protocol):
         """Records produced into each owned stream and not yet consumed, per (upstream, kg)."""
 
 
-def open_input(r: redis.Redis, store: JobStore, plan: JobPlan, op: str, instance: int, owned: tuple[int, ...],
-               metrics: WorkerMetrics, holds: Callable[[int], bool]) -> Input:
+def open_input(r: redis.Redis, streams: Streams, store: JobStore, plan: JobPlan, op: str, instance: int,
+               owned: tuple[int, ...], metrics: WorkerMetrics, holds: Callable[[int], bool]) -> Input:
     """The input of a chain headed by `op`: its source, or the kg streams of its owned key groups."""
     if plan.spec.operator(op) not in plan.spec.sources:
-        return StreamInput(r, store, plan, op, instance, owned, holds)
+        return StreamInput(streams, store, plan, op, instance, owned, holds)
     from .source_input import SourceInput  # imported here: it builds on this module's InputBatch
 
     return SourceInput(r, store, plan, op, owned, metrics)
@@ -184,9 +185,9 @@ def open_input(r: redis.Redis, store: JobStore, plan: JobPlan, op: str, instance
 class StreamInput:
     isolates = True
 
-    def __init__(self, r: redis.Redis, store: JobStore, plan: JobPlan, op: str, instance: int,
+    def __init__(self, exchange: Streams, store: JobStore, plan: JobPlan, op: str, instance: int,
                  owned: tuple[int, ...], holds: Callable[[int], bool] = lambda version: True) -> None:
-        self._r = r
+        self._exchange = exchange
         self._jobs = store
         self._entries_per_stream = 1  # per stream and read: adapt() grows it under backlog
         self._plan = plan
@@ -280,21 +281,19 @@ class StreamInput:
     def _load(self, names: list[str]) -> None:
         if not names:
             return
-        pipe = self._r.pipeline(transaction=False)
         for name, (offset, marks) in zip(names, self._jobs.streams(self._op, names)):
             stream = self._streams[name]
             if offset is not None:
                 stream.cursor = offset
-            pipe.xrange(name, stream.cursor, stream.cursor)
             for lo, hi, mark in marks or ():
                 stream.upstream_watermarks[lo : hi + 1] = mark
         # A stream committed at a marker (its key group's other streams not there yet when the worker
         # stopped) stays parked: what follows the marker is the new owner's.
-        for name, at_cursor in zip(names, pipe.execute()):
-            for _, fields in at_cursor:
-                marker = _marker(fields)
-                if marker is not None and marker != self._instance:
-                    self._streams[name].marker = marker
+        at_cursors = self._exchange.at({name: self._streams[name].cursor for name in names})
+        for name, fields in at_cursors.items():
+            marker = None if fields is None else _marker(fields)
+            if marker is not None and marker != self._instance:
+                self._streams[name].marker = marker
 
     def wait_ms(self, pacing: Pacing, pending: InputBatch | None, now: float) -> int:
         # Holding back for barriers, the batch is due when they arrive, not by time.
@@ -356,17 +355,17 @@ class StreamInput:
     def skip(self, stream: str, entry_id: bytes) -> dict:
         s = self._streams[stream]
         shown: dict = {"upstream": s.edge.upstream}
-        for _, fields in self._r.xrange(stream, entry_id, entry_id):
-            try:  # its producer's watermark still holds, and its records count as consumed (and dead-lettered)
+        fields = self._exchange.at({stream: entry_id})[stream]
+        try:  # its producer's watermark still holds, and its records count as consumed (and dead-lettered)
+            if fields is not None:
                 records, watermark, runs = header(fields)
-            except DecodeError as exc:
-                shown["header"] = str(exc)
-                continue
-            for lo, hi in runs:
-                view = s.upstream_watermarks[lo : hi + 1]
-                np.maximum(view, watermark, out=view)
-            s.read_records += records
-            shown.update(records=records, payload_bytes=len(fields.get(b"d", b"")))
+                for lo, hi in runs:
+                    view = s.upstream_watermarks[lo : hi + 1]
+                    np.maximum(view, watermark, out=view)
+                s.read_records += records
+                shown.update(records=records, payload_bytes=len(fields.get(b"d", b"")))
+        except DecodeError as exc:
+            shown["header"] = str(exc)
         s.cursor = entry_id
         s.changed = True
         return shown
@@ -374,11 +373,10 @@ class StreamInput:
     def _read_once(self, cursors: dict[str, bytes], count: int, block_ms: int, batch: InputBatch) -> set[str]:
         """Add one XREAD's entries to the batch; the streams it returned entries of."""
         with phases.phase("read"):
-            reply = self._r.xread(cursors, count=count, block=block_ms or None)
+            reply = self._exchange.read(cursors, count, block_ms)
         answered = set()
         with phases.phase("decode"):
             for name, entries in reply:
-                name = name.decode() if isinstance(name, bytes) else name
                 answered.add(name)
                 batch.full |= len(entries) >= count
                 self._take(self._streams[name], entries, batch)

@@ -25,6 +25,7 @@ import os
 from dataclasses import replace
 
 from streamjobs_core.control import Attempt, JobFailure
+from streamjobs_core.exchange import entry_order
 from streamjobs_core.jobstore import JobStore
 from streamjobs_core.spec import RestartSettings
 
@@ -40,11 +41,6 @@ class Exhausted(RuntimeError):
     def __init__(self, failure: JobFailure) -> None:
         super().__init__(failure.describe())
         self.failure = failure
-
-
-def entry_key(entry_id: bytes | str) -> tuple[int, int]:
-    ms, _, seq = (entry_id.decode() if isinstance(entry_id, bytes) else entry_id).partition("-")
-    return int(ms), int(seq or 0)
 
 
 class Quarantine:
@@ -92,7 +88,7 @@ class Quarantine:
         self._noting = False
         span = dict(self._attempt.span)
         for stream, cursor in positions.items():
-            if cursor != before.get(stream) and (stream not in span or entry_key(cursor) > entry_key(span[stream])):
+            if cursor != before.get(stream) and (stream not in span or entry_order(cursor) > entry_order(span[stream])):
                 span[stream] = _text(cursor)
         self._save(span=tuple(sorted(span.items())))
 
@@ -109,7 +105,7 @@ class Quarantine:
         """Isolating: a stream whose noted entries are not all processed yet; None ends the isolation."""
         for stream, last in self._attempt.span if self._attempt is not None else ():
             cursor = positions.get(stream)
-            if cursor is not None and entry_key(cursor) < entry_key(last):
+            if cursor is not None and entry_order(cursor) < entry_order(last):
                 return stream
         self.isolating = False
         self._save(committed=True, span=(), suspect=None, suspect_deaths=0)

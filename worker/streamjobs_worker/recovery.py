@@ -15,6 +15,7 @@ from collections.abc import Iterable
 
 import pyarrow as pa
 import redis
+from streamjobs_core.exchange import entry_order, next_entry
 from streamjobs_core.layout import JobKeys
 from streamjobs_core.statelog import read_changes, read_snapshot, snapshot_bytes
 
@@ -74,12 +75,7 @@ def _covered(r: redis.Redis, keys: JobKeys, op: str, kgs: list[int]) -> dict[int
 def _newer(entry_id: bytes | None, than: bytes | None) -> bool:
     if entry_id is None:
         return False
-    return than is None or _order(entry_id) > _order(than)
-
-
-def _order(entry_id: bytes) -> tuple[int, int]:
-    ms, seq = entry_id.split(b"-")
-    return int(ms), int(seq)
+    return than is None or entry_order(entry_id) > entry_order(than)
 
 
 def snapshot(
@@ -101,10 +97,5 @@ def write_snapshot(pipe, keys: JobKeys, op: str, kg: int, covered: bytes, table:
     data = snapshot_bytes(table, covered)
     pipe.set(keys.snapshot(op, kg), data)
     pipe.hset(keys.snapshot_ids(op), str(kg), covered)
-    pipe.xtrim(keys.changelog(op, kg), minid=_after(covered))
+    pipe.xtrim(keys.changelog(op, kg), minid=next_entry(covered))
     return len(data)
-
-
-def _after(entry_id: bytes) -> bytes:
-    ms, seq = entry_id.split(b"-")
-    return ms + b"-" + str(int(seq) + 1).encode()

@@ -28,6 +28,7 @@ import pyarrow as pa
 from pyspark.errors import AnalysisException
 from streamjobs_core import ddl, generators
 from streamjobs_core.codec import DecodeError, decode
+from streamjobs_core.exchange import Streams
 from streamjobs_core.plan import JobPlan
 from streamjobs_core.watermarks import MAX_WATERMARK
 
@@ -54,26 +55,24 @@ _EVENT_TIME = ("window_aggregate", "join", "over")  # stages that keep time by t
 
 
 
-def sample(r, plan: JobPlan, op: str) -> InputBatch:
+def sample(streams: Streams, plan: JobPlan, op: str) -> InputBatch:
     """The newest entries of the operator's kg streams (any owner's), up to SAMPLE_ENTRIES per input; for an
     input from a generator source with nothing in its streams yet (a job starting), records generated as
     that source will (its first ones)."""
     batch = InputBatch()
     for edge in plan.edges_in(op):
-        pipe = r.pipeline(transaction=False)
-        for kg in range(plan.key_groups(op)):
-            pipe.xrevrange(plan.keys.kg_stream(edge.upstream, op, kg), count=1)
         taken = 0
-        for entries in pipe.execute():
-            for _, fields in entries:
-                try:
-                    entry = decode(fields)
-                except DecodeError:
-                    continue
-                if entry.table is not None and entry.table.num_rows and taken < SAMPLE_ENTRIES:
-                    batch.tables.setdefault(edge.upstream, []).append(entry.table)
-                    batch.records += entry.table.num_rows
-                    taken += 1
+        for newest in streams.newest([plan.keys.kg_stream(edge.upstream, op, kg) for kg in range(plan.key_groups(op))]):
+            if newest is None:
+                continue
+            try:
+                entry = decode(newest[1])
+            except DecodeError:
+                continue
+            if entry.table is not None and entry.table.num_rows and taken < SAMPLE_ENTRIES:
+                batch.tables.setdefault(edge.upstream, []).append(entry.table)
+                batch.records += entry.table.num_rows
+                taken += 1
         if not taken:
             _generated(plan, edge.upstream, batch)
     return batch
@@ -106,7 +105,7 @@ def _zero(kind: pa.DataType):
     return "" if pa.types.is_string(kind) else False if pa.types.is_boolean(kind) else 0
 
 
-def rehearse(r, plan: JobPlan, op: str) -> int:
+def rehearse(r, streams: Streams, plan: JobPlan, op: str) -> int:
     """Run the instance's chain once on a sample of its input, every window fired, so each of its stages runs
     its own query; the records rehearsed (0 when there was nothing to rehearse on). StageBroken for a mistake
     in the job (see the module's docstring); a chain without stages only has its source's output checked."""
@@ -119,7 +118,7 @@ def rehearse(r, plan: JobPlan, op: str) -> int:
         if batch.records:
             _check_output(plan, head, batch.table(chain.head))
     elif stages:
-        batch = sample(r, plan, chain.head)
+        batch = sample(streams, plan, chain.head)
     if not stages or not batch.records:
         return 0
     scratch = open_store("memory", range(plan.spec.max_parallelism), "")
@@ -173,10 +172,10 @@ def _described(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}"[:1500]
 
 
-def warm_up(r, plan: JobPlan, op: str, rounds: int = 1) -> None:
+def warm_up(r, streams: Streams, plan: JobPlan, op: str, rounds: int = 1) -> None:
     """What an instance of `op`'s chain pays before its first batch: its SparkSession and `rounds` rehearsals."""
     if plan.runs_spark(op):
         spark.session()
         for _ in range(rounds):
-            if not rehearse(r, plan, op):
+            if not rehearse(r, streams, plan, op):
                 break

@@ -19,6 +19,7 @@ import redis
 from streamjobs_core import generators, shedding
 from streamjobs_core.control import PartitionProgress
 from streamjobs_core.deadletters import DeadLetter
+from streamjobs_core.exchange import next_entry
 from streamjobs_core.jobstore import JobStore
 from streamjobs_core.plan import JobPlan
 from streamjobs_core.spec import RedisStreamSource
@@ -332,7 +333,7 @@ class RedisInputSource(_PartitionedSource):
         keep_ms = self._spec.retention.keep_ms
         if keep_ms == 0:
             for p in self._moved:
-                txn.trims[self._streams[p]] = _after(self._cursor[p])
+                txn.trims[self._streams[p]] = next_entry(self._cursor[p])
             return
         keep_s = keep_ms / 1000
         bucket = int(self._now * 1000) // max(1, keep_ms // 64)  # at most ~64 cursors remembered
@@ -346,7 +347,7 @@ class RedisInputSource(_PartitionedSource):
             while kept and self._now - kept[0][1] >= keep_s:
                 trim_to = kept.popleft()[2]
             if trim_to is not None:
-                txn.trims[self._streams[p]] = _after(trim_to)
+                txn.trims[self._streams[p]] = next_entry(trim_to)
 
     @property
     def finished(self) -> bool:
@@ -380,12 +381,6 @@ class _Rows:
         return [(int(self.entry_partition[self.entry[i]]),
                  external.record_id(self.ids[self.entry[i]], None if self.row is None else int(self.row[i])))
                 for i in rows.tolist()]
-
-
-def _after(entry_id: bytes) -> str:
-    """The smallest ID after an entry's: XTRIM MINID to it removes that entry and all before."""
-    ms, seq = entry_id.split(b"-")
-    return f"{int(ms)}-{int(seq) + 1}"
 
 
 def make_source(r: redis.Redis, jobs: JobStore, plan: JobPlan, op: str, partitions: tuple[int, ...]):

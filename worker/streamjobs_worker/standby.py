@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 
 import redis
+from streamjobs_core.exchange import Streams
 from streamjobs_core.jobstore import JobStore
 from streamjobs_core.plan import JobPlan
 from streamjobs_core.spec import STATEFUL_TYPES
@@ -45,14 +46,15 @@ def state_directory(plan: JobPlan, op: str, instance: int, epoch: int) -> str:
 
 
 def await_epoch(
-    r: redis.Redis, jobs: JobStore, plan: JobPlan, op: str, instance: int, epoch: int, stop: threading.Event,
+    r: redis.Redis, jobs: JobStore, streams: Streams, plan: JobPlan, op: str, instance: int, epoch: int,
+    stop: threading.Event,
     warm: bool = False,
 ) -> tuple[bool, Prestaged | None]:
     """Warm up (unless `warm` already: a promoted spare), then wait until `op`'s assignment reaches `epoch`:
     (whether to run, the prestaged state)."""
     spec = plan.spec.operator(op)
     if not warm:
-        warm_up(r, plan, op)
+        warm_up(r, streams, plan, op)
     keys = plan.keys
     prestaged = None
     upcoming = jobs.upcoming_assignment(op)

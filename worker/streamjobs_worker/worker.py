@@ -25,6 +25,7 @@ import time
 import redis
 from streamjobs_core.control import InstanceAddress, as_text
 from streamjobs_core.deadletters import DeadLetter, Kind
+from streamjobs_core.exchange import RedisStreams
 from streamjobs_core.jobstore import RedisJobStore
 from streamjobs_core.keygroups import runs
 from streamjobs_core.plan import JobPlan, edge_totals
@@ -72,6 +73,7 @@ class Worker:
                                 f"({' -> '.join(chain.operators)}); set chain: false on it to run it on its own")
         self.r = r
         self.jobs = jobs = RedisJobStore(r, plan.id)
+        self.streams = streams = RedisStreams(r)
         self.op = op
         self.instance = instance
         assignment = jobs.assignment(op) or plan.initial_assignment(op)
@@ -92,7 +94,7 @@ class Worker:
         self.prestaged = prestaged
         self.store = prestaged.store if prestaged is not None else open_store(
             plan.spec.state.backend, self.owned, state_directory(plan, op, instance, assignment.epoch))
-        self.input = open_input(r, jobs, plan, op, instance, self.owned, self.metrics, self._holds_back)
+        self.input = open_input(r, streams, jobs, plan, op, instance, self.owned, self.metrics, self._holds_back)
         self.quarantine = Quarantine(jobs, op, instance, plan.spec.restarts, self.input.isolates)
         self.input.restore()
         # Counted before the rehearsal: a worker that dies in it (a function that crashes on any record) counts.
@@ -104,7 +106,7 @@ class Worker:
                                      plan.spec.state.snapshot_every_batches)
         self.pacing = Pacing(plan.spec.batching, self.spec, runs_spark=bool(self.chain.stages))
         if not warm:  # a standby or a spare rehearsed while it waited
-            rehearse(r, plan, op)
+            rehearse(r, streams, plan, op)
         # Registering the endpoint tells the runtime this instance is ready (Spark is up).
         port = self.metrics.serve(host=metrics_host, port=metrics_port)
         # In a pod the server listens on every interface; others reach it at the pod's IP.
