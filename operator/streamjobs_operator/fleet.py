@@ -83,16 +83,19 @@ class KubernetesFleet:
 
     def add_instances(self, op: str, parallelism: int) -> None:
         current = self.current(op)
+        # Three ways: warm spares promoted; new pods whose workers must register (a pod is ready once its
+        # container runs, its worker takes key groups once Spark is up: released before, they would wait out
+        # the JVM's start in transit); without a Redis to read registrations from, readiness alone.
+        promotes = self._promotes(current)
+        registers = self.jobs is not None and not promotes
         if _instances(current) < parallelism:
-            if self.jobs is not None and not self._promotes(current):
+            if registers:
                 for ordinal in range(_instances(current), parallelism):  # no pod there: a crash's registration
                     self.jobs.unregister(op, ordinal)
             self._scale(current, parallelism)
-        if self._promotes(current):
+        if promotes:
             self._promote(op, parallelism)
-        elif self.jobs is not None:
-            # A pod is ready once its container runs; its worker takes key groups once Spark is up and it
-            # registered. Released before, they would wait out the JVM's start in transit.
+        elif registers:
             self._wait_roles(op, set(range(parallelism)), set())
         self.wait_ready({op: parallelism})
 

@@ -48,14 +48,17 @@ def _javac() -> str | None:
     return javac and str(Path(javac).resolve())
 
 
-def jar() -> Path | None:
-    """The helpers' jar, built now if it is missing and a JDK is here; None when there is none to load."""
+def jar(strict: bool = False) -> Path | None:
+    """The helpers' jar, built now if it is missing and a JDK is here; None when there is none to load.
+    A build that fails is a warning (a worker plans every batch anew), or with `strict` the HelpersError."""
     path = jar_path()
     if path is None or path.is_file():
         return path
     try:
         return build(path)
     except HelpersError as e:
+        if strict:
+            raise
         log.warning("no JVM helpers, every batch is planned anew: %s", e)
         return None
 
@@ -92,8 +95,6 @@ class HelpersError(RuntimeError):
 
 
 if __name__ == "__main__":
-    # `make setup` on an installation that has its jar already: nothing to compile (it is named after all it is
-    # built from).
-    found = jar_path()
-    print((found if found is None or found.is_file() else build(found)) or f"no helpers: {HELPERS_ENV} is empty")
+    # `make setup`: nothing to compile when the jar is there (it is named after all it is built from).
+    print(jar(strict=True) or f"no helpers: {HELPERS_ENV} is empty")
     sys.exit(0)
