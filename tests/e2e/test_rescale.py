@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 import redis
 from streamjobs_core.control import Phase, RescaleRecord
 from streamjobs_core.jobstore import RedisJobStore
@@ -34,6 +35,7 @@ def rescaler(plan: list[tuple[float, str, int, str]], settle_s: float = 6.0):
     return during
 
 
+@pytest.mark.side
 def test_a_stateful_stage_survives_sigkills_then_a_cli_restart_rescale(redis_server, run):
     """Workers of a stateful user function are SIGKILLed mid-stream; then `streamjobs rescale` asks the
     running job for Flink's stop-and-restart baseline (2 -> 1): exact output throughout."""
@@ -67,6 +69,7 @@ def test_a_stateful_stage_survives_sigkills_then_a_cli_restart_rescale(redis_ser
     assert refused.returncode == 2 and "--operator: no operator 'nope'" in refused.stderr
 
 
+@pytest.mark.side
 def test_all_at_once_fluid_and_batched_rescales_lose_nothing_through_sigkills(redis_server, run):
     """One job, three live rescales, four SIGKILLs:
     - all_at_once 2 -> 3 of a window stage: a standby killed while it warms up (the runtime restarts it

@@ -12,6 +12,7 @@ import sys
 import time
 from collections import Counter
 
+import pytest
 import redis
 import yaml
 from rich.console import Console
@@ -24,6 +25,8 @@ from streamjobs_core.resplit import in_flight
 from streamjobs_core.savepoint import Savepoint
 
 from .conftest import ROOT, assert_exact, killer
+
+pytestmark = pytest.mark.side
 
 
 def _run(redis_url: str, *args: str, **popen) -> subprocess.Popen:
