@@ -8,7 +8,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import pytest
 import redis
 from streamjobs_core.loading import load_job
 
-from .conftest import ROOT, assert_exact, killer
+from .conftest import ROOT, assert_exact, grown, killer
 
 
 def worker_processes(job: str) -> list[int]:
@@ -83,10 +82,7 @@ def test_cli_run_stopped_by_sighup_reports_verifies_quietly_and_leaves_no_proces
     )
     started = run.stdout.readline()  # "starting wordcount on redis://127.0.0.1:PORT: workers log to DIR"
     r = redis.Redis.from_url(re.search(r"redis://[0-9.]+:[0-9]+", started).group(0))
-    deadline = time.monotonic() + 120
-    while r.xlen("sj:{wordcount}:out:counts") == 0 and time.monotonic() < deadline:
-        time.sleep(0.5)
-    time.sleep(3)
+    grown(r, "sj:{wordcount}:out:counts", 100, timeout_s=120)  # mid-run: windows fired and more to come
     run.send_signal(signal.SIGHUP)
     out, err = run.communicate(timeout=300)
     assert run.returncode == 0, started + out[-3000:] + err[-3000:]

@@ -24,7 +24,7 @@ from streamjobs_core.loading import parse_job
 from streamjobs_core.resplit import in_flight
 from streamjobs_core.savepoint import Savepoint
 
-from .conftest import ROOT, assert_exact, killer
+from .conftest import ROOT, assert_exact, grown, killer
 
 pytestmark = pytest.mark.side
 
@@ -133,7 +133,7 @@ def test_a_savepoint_goes_on_in_another_redis_rescaled_with_a_window_reset_exact
                            timeout=60)
     assert taken.returncode == 0 and "running, copied between two commits" in taken.stdout, taken.stderr
     written = r.xrange(out, count=300)
-    time.sleep(3)  # the first run goes on past the savepoint: none of that is in it
+    grown(r, out, 100)  # the first run goes on past the savepoint: none of that is in it
     first.send_signal(signal.SIGKILL)
     first.communicate()
     jobs.clear(keep_input=False)

@@ -66,6 +66,17 @@ def _up(url: str, targets: int, timeout_s: float = 60) -> None:
     raise TimeoutError("Prometheus did not scrape every worker")
 
 
+def _scraped_records(url: str, timeout_s: float = 60) -> None:
+    """Wait until Prometheus scraped records through both operators."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        operators = PrometheusCollector(url, "prom").collect(0).operators
+        if {"words", "out"} <= set(operators) and all(operators[op].records_in > 0 for op in ("words", "out")):
+            return
+        time.sleep(0.5)
+    raise TimeoutError("Prometheus scraped no records of both operators")
+
+
 def test_prometheus_and_endpoints_agree(redis_server, r, prometheus, tmp_path):
     runtime = LocalRuntime(parse_job(JOB), redis_server.url, tmp_path / "logs")
     try:
@@ -73,7 +84,7 @@ def test_prometheus_and_endpoints_agree(redis_server, r, prometheus, tmp_path):
         targets = sorted(runtime.jobs.registered().values())
         url = prometheus(targets)
         _up(url, len(targets))
-        time.sleep(3)  # a few scrapes with records in them
+        _scraped_records(url)
         # Prometheus may scrape between two reads, so its value is bracketed by a read before and one after.
         before = EndpointCollector(runtime.jobs).collect(0)
         through = PrometheusCollector(url, "prom").collect(0)
