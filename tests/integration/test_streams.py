@@ -32,6 +32,7 @@ def test_a_read_over_several_streams_answers_for_those_with_entries_only(streams
     streams.append("b", {"v": b"2"})
     answered = dict(streams.read({"a": a, "b": b"0-0", "missing": b"0-0"}, count=5))
     assert list(answered) == ["b"] and answered["b"][0][1] == {b"v": b"2"}
+    assert streams.read({}, count=5, block_ms=5_000) == []  # nothing to wait for
 
 
 def test_a_blocked_read_wakes_on_an_append_from_another_thread_and_times_out_without_one(streams):

@@ -62,6 +62,8 @@ class MemoryStreams:
         return entry_id
 
     def read(self, cursors: Mapping[str, bytes], count: int, block_ms: int = 0) -> list[tuple[str, list[Entry]]]:
+        if not cursors:
+            return []
         deadline = time.monotonic() + block_ms / 1000
         with self._changed:
             while True:
