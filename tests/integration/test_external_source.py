@@ -18,12 +18,12 @@ from streamjobs.local import LocalRuntime
 from streamjobs.oracle import verify
 from streamjobs_core.codec import encode_table
 from streamjobs_core.control import PartitionProgress
+from streamjobs_core.exchange import Fenced, Transaction
 from streamjobs_core.jobstore import RedisJobStore
 from streamjobs_core.loading import parse_job
 from streamjobs_core.plan import JobPlan
 from streamjobs_core.resplit import in_flight
 from streamjobs_worker.sources import RedisInputSource
-from streamjobs_worker.transaction import Fenced, Transaction
 from streamjobs_worker.worker import Worker
 
 SCHEMA = "user string, amount double, n bigint"

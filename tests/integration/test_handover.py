@@ -10,11 +10,11 @@ import pyarrow as pa
 import pytest
 from streamjobs_core import handover
 from streamjobs_core.codec import encode
-from streamjobs_core.exchange import RedisStreams
+from streamjobs_core.exchange import Fenced, RedisExchange, RedisStreams, Transaction
 from streamjobs_core.jobstore import RedisJobStore
 from streamjobs_core.keygroups import Assignment, Move
 from streamjobs_worker.inputs import StreamInput
-from streamjobs_worker.transaction import Checkpoint, Fenced, Transaction
+from streamjobs_worker.transaction import Checkpoint
 from streamjobs_worker.worker import Worker
 
 from ..jobs.control import control_plan
@@ -31,7 +31,8 @@ def values(batch) -> list[int]:
 
 
 def commit(jobs, instance: int, txn: Transaction) -> None:
-    Checkpoint(jobs.r, jobs, "agg", instance, jobs.new_incarnation("agg", instance)).commit(txn)
+    incarnation = jobs.new_incarnation("agg", instance)
+    Checkpoint(RedisExchange(jobs.r, jobs), jobs.keys, "agg", instance, incarnation).commit(txn)
 
 
 def test_the_marker_splits_a_key_group_between_its_old_and_its_new_owner(r, plan, jobs):
@@ -67,7 +68,7 @@ def test_the_marker_splits_a_key_group_between_its_old_and_its_new_owner(r, plan
 
 def test_the_final_switch_keeps_the_generation_so_running_instances_go_on_committing(r, plan, jobs):
     txn = lambda: Transaction(xadds=[("sj:{ctl}:x", {"a": "1"}, None)])  # noqa: E731
-    running = Checkpoint(r, jobs, "agg", 0, jobs.new_incarnation("agg", 0))
+    running = Checkpoint(RedisExchange(r, jobs), jobs.keys, "agg", 0, jobs.new_incarnation("agg", 0))
     running.commit(txn())
     release = Transaction()
     jobs.release_in(release, "agg", {3: 1})

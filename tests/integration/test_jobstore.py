@@ -16,9 +16,9 @@ from streamjobs_core.control import (
     StandbyStatus,
     Strategy,
 )
+from streamjobs_core.exchange import Transaction
 from streamjobs_core.jobstore import MemoryJobStore, RedisJobStore
 from streamjobs_core.keygroups import Assignment
-from streamjobs_worker.transaction import Transaction
 
 from ..jobs.control import control_plan
 

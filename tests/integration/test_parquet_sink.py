@@ -7,11 +7,11 @@ import decimal
 import os
 
 import pyarrow as pa
+from streamjobs_core.exchange import Transaction
 from streamjobs_core.loading import parse_job
 from streamjobs_core.plan import JobPlan
 from streamjobs_worker import spark as sessions
 from streamjobs_worker.sinks import ParquetSink
-from streamjobs_worker.transaction import Transaction
 
 UTC = dt.UTC
 

@@ -6,6 +6,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 from streamjobs.bench.rescale import BALLAST_ROW_BYTES, STAGE, ballast, bench_job, state_bytes
+from streamjobs_core.exchange import Fenced, RedisExchange, Transaction
 from streamjobs_core.jobstore import RedisJobStore
 from streamjobs_core.keygroups import Assignment
 from streamjobs_core.layout import JobKeys
@@ -16,7 +17,7 @@ from streamjobs_worker import recovery
 from streamjobs_worker.inputs import InputBatch
 from streamjobs_worker.stages.window import WindowAggregate
 from streamjobs_worker.state import KG, KeyGroupStore, StateLayout, open_store, replace_rows
-from streamjobs_worker.transaction import Checkpoint, Fenced, Transaction
+from streamjobs_worker.transaction import Checkpoint
 
 from tests.integration.late import late_rows
 
@@ -26,7 +27,7 @@ KEYED = StateLayout(key="k")
 
 def checkpoint(r, instance=0):
     jobs = RedisJobStore(r, "t")
-    return Checkpoint(r, jobs, "op", instance, jobs.new_incarnation("op", instance))
+    return Checkpoint(RedisExchange(r, jobs), KEYS, "op", instance, jobs.new_incarnation("op", instance))
 
 
 def commit_changes(cp, store):

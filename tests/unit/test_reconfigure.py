@@ -7,13 +7,13 @@ from pathlib import Path
 import pytest
 from streamjobs_core.codec import decode, encode_barrier
 from streamjobs_core.control import ControlEvent, ReconfigureRequest, ReconfigureState
+from streamjobs_core.exchange import Transaction
 from streamjobs_core.jobstore import MemoryJobStore
 from streamjobs_core.loading import load_job
 from streamjobs_core.plan import JobPlan
 from streamjobs_core.reconfigure import How, ReconfigureController, Refused, diff, holds_back, plan_for, plan_in_force
 from streamjobs_core.watermarks import MIN_WATERMARK
 from streamjobs_worker.inputs import StreamInput
-from streamjobs_worker.transaction import Transaction
 
 pytestmark = pytest.mark.unit
 

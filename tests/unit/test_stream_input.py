@@ -6,10 +6,9 @@ import threading
 
 import pyarrow as pa
 from streamjobs_core.codec import encode, encode_marker
-from streamjobs_core.exchange import MemoryStreams
+from streamjobs_core.exchange import MemoryStreams, Transaction
 from streamjobs_core.jobstore import MemoryJobStore
 from streamjobs_worker.inputs import StreamInput
-from streamjobs_worker.transaction import Transaction
 
 from ..jobs.control import control_plan
 

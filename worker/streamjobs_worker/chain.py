@@ -16,6 +16,7 @@ import msgpack
 import pyarrow as pa
 from streamjobs_core.chaining import Chain
 from streamjobs_core.deadletters import DeadLetter, Kind
+from streamjobs_core.exchange import Transaction
 from streamjobs_core.plan import JobPlan
 from streamjobs_core.spec import STATEFUL_TYPES
 
@@ -25,7 +26,6 @@ from .metrics import WorkerMetrics
 from .sinks import make_sink
 from .stages import build_stage
 from .state import KeyGroupStore
-from .transaction import Transaction
 
 _LATENCY_SAMPLES = 200
 

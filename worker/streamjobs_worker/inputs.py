@@ -35,7 +35,7 @@ import pyarrow as pa
 import redis
 from streamjobs_core.codec import DecodeError, decode, header
 from streamjobs_core.deadletters import DeadLetter, Kind
-from streamjobs_core.exchange import Streams
+from streamjobs_core.exchange import Streams, Transaction
 from streamjobs_core.jobstore import JobStore
 from streamjobs_core.plan import Edge, JobPlan
 from streamjobs_core.spec import BatchingSettings
@@ -43,7 +43,6 @@ from streamjobs_core.watermarks import MIN_WATERMARK, runs_of
 
 from . import phases
 from .metrics import WorkerMetrics
-from .transaction import Transaction
 
 if TYPE_CHECKING:
     from .pacing import Pacing  # which reads batches of this module

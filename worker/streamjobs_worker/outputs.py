@@ -13,12 +13,12 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 from streamjobs_core.codec import encode, encode_barrier
+from streamjobs_core.exchange import Transaction
 from streamjobs_core.keygroups import key_groups_of_columns
 from streamjobs_core.plan import Edge, JobPlan
 from streamjobs_core.watermarks import MIN_WATERMARK
 
 from . import phases
-from .transaction import Transaction
 
 _CHUNK_RECORDS = 2048
 

@@ -15,7 +15,8 @@ from collections.abc import Iterable
 
 import pyarrow as pa
 import redis
-from streamjobs_core.exchange import entry_order, next_entry
+from streamjobs_core.exchange import Transaction, entry_order, next_entry
+from streamjobs_core.exchange.redis_exchange import apply
 from streamjobs_core.layout import JobKeys
 from streamjobs_core.statelog import read_changes, read_snapshot, snapshot_bytes
 
@@ -81,21 +82,19 @@ def _newer(entry_id: bytes | None, than: bytes | None) -> bool:
 def snapshot(
     r: redis.Redis, keys: JobKeys, op: str, store: KeyGroupStore, last_ids: dict[int, bytes], kgs: Iterable[int]
 ) -> int:
-    """Write snapshots of the given key groups at their last committed changelog ids; return bytes written."""
-    written = 0
-    pipe = r.pipeline(transaction=True)
-    for kg in kgs:
-        if kg not in last_ids:
-            continue
-        written += write_snapshot(pipe, keys, op, kg, last_ids[kg], store.table(kg))
-    pipe.execute()
+    """Write snapshots of the given key groups at their last committed changelog ids, unfenced (a worker's go
+    through its checkpoint); return bytes written."""
+    txn = Transaction()
+    written = sum(write_snapshot(txn, keys, op, kg, last_ids[kg], store.table(kg)) for kg in kgs if kg in last_ids)
+    apply(r, txn, lambda kg: keys.changelog(op, kg))
     return written
 
 
-def write_snapshot(pipe, keys: JobKeys, op: str, kg: int, covered: bytes, table: pa.Table | None) -> int:
-    """Queue a key group's snapshot (its rows) covering changelog entry `covered` and the trim of what it covers."""
+def write_snapshot(txn: Transaction, keys: JobKeys, op: str, kg: int, covered: bytes, table: pa.Table | None) -> int:
+    """Add a key group's snapshot (its rows) covering changelog entry `covered`, and the trim of what it covers,
+    to the transaction; the snapshot's bytes."""
     data = snapshot_bytes(table, covered)
-    pipe.set(keys.snapshot(op, kg), data)
-    pipe.hset(keys.snapshot_ids(op), str(kg), covered)
-    pipe.xtrim(keys.changelog(op, kg), minid=next_entry(covered))
+    txn.values[keys.snapshot(op, kg)] = data
+    txn.hset(keys.snapshot_ids(op), {str(kg): covered})
+    txn.trims[keys.changelog(op, kg)] = next_entry(covered)
     return len(data)

@@ -19,10 +19,10 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import redis
+from streamjobs_core.exchange import RowEntries, Transaction
 from streamjobs_core.plan import JobPlan
 
 from . import spark
-from .transaction import RowEntries, Transaction
 
 
 def user_columns(table: pa.Table) -> pa.Table:

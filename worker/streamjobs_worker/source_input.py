@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import redis
 from streamjobs_core import shedding
+from streamjobs_core.exchange import Transaction
 from streamjobs_core.jobstore import JobStore
 from streamjobs_core.plan import JobPlan
 from streamjobs_core.spec import BatchingSettings
@@ -20,7 +21,6 @@ from streamjobs_core.spec import BatchingSettings
 from .inputs import InputBatch
 from .metrics import WorkerMetrics
 from .sources import RedisInputSource, make_source
-from .transaction import Transaction
 
 if TYPE_CHECKING:
     from .pacing import Pacing

@@ -19,14 +19,13 @@ import redis
 from streamjobs_core import generators, shedding
 from streamjobs_core.control import PartitionProgress
 from streamjobs_core.deadletters import DeadLetter
-from streamjobs_core.exchange import next_entry
+from streamjobs_core.exchange import Transaction, next_entry
 from streamjobs_core.jobstore import JobStore
 from streamjobs_core.plan import JobPlan
 from streamjobs_core.spec import RedisStreamSource
 from streamjobs_core.watermarks import MAX_WATERMARK, MIN_WATERMARK
 
 from . import external
-from .transaction import Transaction
 
 
 def with_ingest_time(table: pa.Table, now_ms: int) -> pa.Table:

@@ -25,7 +25,7 @@ import time
 import redis
 from streamjobs_core.control import InstanceAddress, as_text
 from streamjobs_core.deadletters import DeadLetter, Kind
-from streamjobs_core.exchange import RedisStreams
+from streamjobs_core.exchange import RedisExchange, Transaction
 from streamjobs_core.jobstore import RedisJobStore
 from streamjobs_core.keygroups import runs
 from streamjobs_core.plan import JobPlan, edge_totals
@@ -45,7 +45,7 @@ from .quarantine import Quarantine
 from .rehearsal import rehearse
 from .standby import Prestaged, state_directory
 from .state import open_store
-from .transaction import Checkpoint, Transaction
+from .transaction import Checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ class Worker:
                                 f"({' -> '.join(chain.operators)}); set chain: false on it to run it on its own")
         self.r = r
         self.jobs = jobs = RedisJobStore(r, plan.id)
-        self.streams = streams = RedisStreams(r)
+        self.exchange = exchange = RedisExchange(r, jobs)
         self.op = op
         self.instance = instance
         assignment = jobs.assignment(op) or plan.initial_assignment(op)
@@ -94,7 +94,7 @@ class Worker:
         self.prestaged = prestaged
         self.store = prestaged.store if prestaged is not None else open_store(
             plan.spec.state.backend, self.owned, state_directory(plan, op, instance, assignment.epoch))
-        self.input = open_input(r, streams, jobs, plan, op, instance, self.owned, self.metrics, self._holds_back)
+        self.input = open_input(r, exchange, jobs, plan, op, instance, self.owned, self.metrics, self._holds_back)
         self.quarantine = Quarantine(jobs, op, instance, plan.spec.restarts, self.input.isolates)
         self.input.restore()
         # Counted before the rehearsal: a worker that dies in it (a function that crashes on any record) counts.
@@ -102,11 +102,11 @@ class Worker:
         self.chain = OperatorChain(plan, chain, instance, self.store, self.metrics, r)
         edges = plan.edges_out(chain.tail)
         self.router = OutputRouter(plan, chain.tail, runs(self.owned)) if edges else None
-        self.checkpoint = Checkpoint(r, jobs, op, instance, self.incarnation, self.store,
+        self.checkpoint = Checkpoint(exchange, plan.keys, op, instance, self.incarnation, self.store,
                                      plan.spec.state.snapshot_every_batches)
         self.pacing = Pacing(plan.spec.batching, self.spec, runs_spark=bool(self.chain.stages))
         if not warm:  # a standby or a spare rehearsed while it waited
-            rehearse(r, streams, plan, op)
+            rehearse(r, exchange, plan, op)
         # Registering the endpoint tells the runtime this instance is ready (Spark is up).
         port = self.metrics.serve(host=metrics_host, port=metrics_port)
         # In a pod the server listens on every interface; others reach it at the pod's IP.

@@ -25,7 +25,7 @@ class _Stream:
         del self.orders[:n], self.entries[:n]
 
 
-def _encoded(value: bytes | str | int | float) -> bytes:
+def encoded(value: bytes | str | int | float) -> bytes:
     """A field as Redis keeps it: bytes (redis-py sends a str as UTF-8 and a number as its repr)."""
     if isinstance(value, bytes):
         return value
@@ -39,26 +39,30 @@ def _encoded(value: bytes | str | int | float) -> bytes:
 class MemoryStreams:
     """Every call holds one lock, so each is atomic as a Redis command is; a blocked read waits on it."""
 
-    def __init__(self, clock_ms=lambda: int(time.time() * 1000)) -> None:
+    def __init__(self, clock_ms=lambda: int(time.time() * 1000), lock: threading.RLock | None = None) -> None:
         self._streams: dict[str, _Stream] = {}
-        self._changed = threading.Condition()
+        self._changed = threading.Condition(lock or threading.RLock())  # `lock`: shared with what fences commits
         self._clock_ms = clock_ms
 
     def append(self, stream: str, fields: Mapping[str | bytes, bytes | str | int | float],
                maxlen: int | None = None) -> bytes:
+        with self._changed:
+            return self._append(stream, fields, maxlen)
+
+    def _append(self, stream: str, fields: Mapping, maxlen: int | None) -> bytes:
+        """Under the lock."""
         if not fields:
             raise ValueError(f"an entry of {stream} needs at least one field")
-        entry = {_encoded(k): _encoded(v) for k, v in fields.items()}
-        with self._changed:
-            s = self._streams.setdefault(stream, _Stream())
-            ms = self._clock_ms()
-            s.last = (ms, 0) if ms > s.last[0] else (s.last[0], s.last[1] + 1)
-            entry_id = f"{s.last[0]}-{s.last[1]}".encode()
-            s.orders.append(s.last)
-            s.entries.append((entry_id, entry))
-            if maxlen is not None and len(s.entries) > maxlen:
-                s.drop_first(len(s.entries) - maxlen)
-            self._changed.notify_all()
+        entry = {encoded(k): encoded(v) for k, v in fields.items()}
+        s = self._streams.setdefault(stream, _Stream())
+        ms = self._clock_ms()
+        s.last = (ms, 0) if ms > s.last[0] else (s.last[0], s.last[1] + 1)
+        entry_id = f"{s.last[0]}-{s.last[1]}".encode()
+        s.orders.append(s.last)
+        s.entries.append((entry_id, entry))
+        if maxlen is not None and len(s.entries) > maxlen:
+            s.drop_first(len(s.entries) - maxlen)
+        self._changed.notify_all()
         return entry_id
 
     def read(self, cursors: Mapping[str, bytes], count: int, block_ms: int = 0) -> list[tuple[str, list[Entry]]]:
@@ -98,12 +102,15 @@ class MemoryStreams:
 
     def trim(self, stream: str, before: bytes) -> int:
         with self._changed:
-            s = self._streams.get(stream)
-            if s is None:
-                return 0
-            n = bisect.bisect_left(s.orders, entry_order(before))
-            s.drop_first(n)
-            return n
+            return self._trim(stream, before)
+
+    def _trim(self, stream: str, before: bytes | str) -> int:
+        s = self._streams.get(stream)
+        if s is None:
+            return 0
+        n = bisect.bisect_left(s.orders, entry_order(before))
+        s.drop_first(n)
+        return n
 
     def length(self, streams: Iterable[str]) -> list[int]:
         with self._changed:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
+from .commit import Fence, Transaction
+
 Fields = dict[bytes, bytes]
 Entry = tuple[bytes, Fields]  # (entry id "<ms>-<seq>", fields), as Redis answers XRANGE
 
@@ -26,6 +28,17 @@ class Streams(Protocol):
     def trim(self, stream: str, before: bytes) -> int:
         """Drop the entries with an id below `before`; how many went."""
     def length(self, streams: Iterable[str]) -> list[int]: ...
+
+
+class Exchange(Streams, Protocol):
+    def commit(self, txn: Transaction, fence: Fence) -> dict[int, bytes]:
+        """Apply every write of `txn` at once, or none: Fenced when `fence` no longer holds. Returns the
+        changelog entry id of each key group whose state changes it carried."""
+    # What a commit wrote, as the job's readers (its store, reports, the oracle) see it.
+    def hash(self, key: str) -> dict[bytes, bytes]: ...
+    def members(self, key: str) -> set[bytes]: ...
+    def items(self, key: str) -> list[bytes]: ...
+    def value(self, key: str) -> bytes | None: ...
 
 
 def entry_order(entry_id: bytes | str) -> tuple[int, int]:

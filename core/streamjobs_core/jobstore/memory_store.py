@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Iterable
 from dataclasses import replace
@@ -30,9 +31,12 @@ from .port import Commit
 
 
 class MemoryJobStore:
-    """The job store in dictionaries: for unit tests of the control logic, one process, no transactions."""
+    """The job store in dictionaries: for unit tests of the control logic and jobs run in one process. Writes
+    into a commit apply at once (no transactions); what fences a commit (incarnations, the assignment and its
+    generation) changes under `lock`, which the memory exchange holds while it checks and applies one."""
 
     def __init__(self) -> None:
+        self.lock = threading.RLock()
         self._plan: JobPlan | None = None
         self._owner: str | None = None
         self._assignments: dict[str, tuple[Assignment, int]] = {}
@@ -106,7 +110,8 @@ class MemoryJobStore:
         return self._upcoming.get(op)
 
     def write_assignment(self, op: str, assignment: Assignment, generation: int | None = None) -> None:
-        self._assignments[op] = (assignment, assignment.epoch if generation is None else generation)
+        with self.lock:
+            self._assignments[op] = (assignment, assignment.epoch if generation is None else generation)
 
     def publish_upcoming(self, op: str, assignment: Assignment) -> None:
         self._upcoming[op] = assignment
@@ -139,8 +144,13 @@ class MemoryJobStore:
             records.pop(op, None)
 
     def new_incarnation(self, op: str, instance: int) -> int:
-        self._incarnations[(op, instance)] = self._incarnations.get((op, instance), 0) + 1
-        return self._incarnations[(op, instance)]
+        with self.lock:
+            self._incarnations[(op, instance)] = self._incarnations.get((op, instance), 0) + 1
+            return self._incarnations[(op, instance)]
+
+    def fencing(self, op: str, instance: int) -> tuple[int | None, int | None]:
+        """(the instance's incarnation now, its operator's assignment generation): read under `lock`."""
+        return self._incarnations.get((op, instance)), self.generation(op)
 
     def key_group_lag(self, upstreams: Iterable[str], op: str, kgs: Iterable[int]) -> dict[tuple[str, int], int]:
         kgs = list(kgs)

@@ -25,6 +25,7 @@ import numpy as np
 import pyarrow as pa
 import redis
 from streamjobs_core import generators
+from streamjobs_core.exchange import Transaction
 from streamjobs_core.jobstore import RedisJobStore
 from streamjobs_core.keygroups import runs
 from streamjobs_core.loading import parse_job
@@ -33,7 +34,6 @@ from streamjobs_worker import phases
 from streamjobs_worker.outputs import OutputRouter
 from streamjobs_worker.sources import with_ingest_time
 from streamjobs_worker.stages.window import partial_sql
-from streamjobs_worker.transaction import Transaction
 from streamjobs_worker.worker import Worker
 
 from ..redis_server import RedisServer

@@ -40,6 +40,8 @@ import numpy as np
 import pyarrow as pa
 import redis
 from rich.console import Console
+from streamjobs_core.exchange import Transaction
+from streamjobs_core.exchange.redis_exchange import apply
 from streamjobs_core.keygroups import Assignment, key_groups_of, moves
 from streamjobs_core.layout import JobKeys
 from streamjobs_core.loading import parse_job
@@ -128,9 +130,9 @@ def ballast(state_mb: float):
         spec = plan.spec.operator(STAGE)
         for kg in range(key_groups):
             keys = pa.array([f"~ballast-{kg}-{i}-".ljust(BALLAST_ROW_BYTES, "~") for i in range(per_kg)])
-            pipe = r.pipeline(transaction=False)
-            write_snapshot(pipe, plan.keys, STAGE, kg, b"0-1", window_state_rows(spec, keys, MAX_WATERMARK))
-            pipe.execute()
+            txn = Transaction()
+            write_snapshot(txn, plan.keys, STAGE, kg, b"0-1", window_state_rows(spec, keys, MAX_WATERMARK))
+            apply(r, txn, lambda kg: plan.keys.changelog(STAGE, kg))
 
     return prepare
 
