@@ -26,6 +26,7 @@ def split_again(r):
     changes as changelog entries, then snapshots of half its key groups), in a job of that one stage fed by
     generator sources, split again under `max_parallelism` (resplit.py) and read back by the worker's recovery into
     a store of every new key group."""
+    from streamjobs_core.exchange import RedisExchange
     from streamjobs_core.loading import parse_job
     from streamjobs_core.plan import JobPlan
     from streamjobs_core.resplit import resplit
@@ -46,12 +47,13 @@ def split_again(r):
         jobs.deploy(plan)
         for kg, changes in store.drain_changes().items():
             r.xadd(plan.keys.changelog(stage.name, kg), changelog_fields(changes))
-        applied = recovery.restore(r, plan.keys, stage.name, KeyGroupStore(range(old), layout=state_layout(stage)))
+        exchange = RedisExchange(r, jobs)
+        applied = recovery.restore(exchange, plan.keys, stage.name, KeyGroupStore(range(old), layout=state_layout(stage)))
         recovery.snapshot(r, plan.keys, stage.name, store, applied, range(0, old, 2))
         resplit(jobs, max_parallelism)
         again = KeyGroupStore(range(max_parallelism))
         again.bind(state_layout(stage))
-        recovery.restore(r, plan.keys, stage.name, again)
+        recovery.restore(exchange, plan.keys, stage.name, again)
         return again
 
     return split

@@ -69,6 +69,7 @@ def test_a_commit_applies_every_write_and_names_its_changelog_entries(exchange):
     assert [f for _, f in exchange.after({"out": None})["out"]] == [{b"n": b"1"}, {b"n": b"2"}]
     assert [f for _, f in exchange.after({"sink": None})["sink"]] == [{b"word": b"x", b"n": b"1"}, {b"word": b"y"}]
     assert exchange.hash("counts") == {b"in": b"4"} and exchange.hash("offsets") == {b"p0": b"2-0"}
+    assert exchange.hash_fields("offsets", ["p1", "p0"]) == [None, b"2-0"]
     assert exchange.value("snapshot") == b"rows" and exchange.items("manifest") == [b"part-1"]
     assert exchange.members("done") == {b"0"}
 

@@ -25,6 +25,10 @@ KEYS = JobKeys("t")
 KEYED = StateLayout(key="k")
 
 
+def exchange(r) -> RedisExchange:
+    return RedisExchange(r, RedisJobStore(r, "t"))
+
+
 def checkpoint(r, instance=0):
     jobs = RedisJobStore(r, "t")
     return Checkpoint(RedisExchange(r, jobs), KEYS, "op", instance, jobs.new_incarnation("op", instance))
@@ -70,7 +74,7 @@ def test_restore_from_changelog_then_snapshot_then_tail(r):
     ids.update(commit_changes(cp, store))
 
     restored = keyed_store([0, 1])
-    last = recovery.restore(r, KEYS, "op", restored)
+    last = recovery.restore(exchange(r), KEYS, "op", restored)
     assert state(restored, 0) == {"a": 5, "c": 7}
     assert state(restored, 1) == {}
     assert last[0] == ids[0]
@@ -91,7 +95,7 @@ def test_a_restore_after_a_reset_skips_the_snapshot_before_it_whatever_its_layou
     commit_changes(cp, store)
 
     restored = KeyGroupStore([0], layout=windows)
-    recovery.restore(r, KEYS, "op", restored)
+    recovery.restore(exchange(r), KEYS, "op", restored)
     assert restored.table(0).to_pylist() == [{"k": "b", "ws": 1000}]
 
 
@@ -106,16 +110,16 @@ def test_a_prestaged_store_tails_the_changelog_and_restore_applies_only_the_rest
     ids.update(commit_changes(cp, owner))
 
     standby, applied = keyed_store([0, 1]), {}
-    assert recovery.catch_up(r, KEYS, "op", standby, applied, [0, 1]) == 1  # snapshot of 0 + one entry of 1
+    assert recovery.catch_up(exchange(r), KEYS, "op", standby, applied, [0, 1]) == 1  # snapshot of 0 + one entry of 1
     assert len(state(standby, 0)) == 50
     put(owner, 0, "k0", 100)
     delete(owner, 1, "x")
     ids.update(commit_changes(cp, owner))
-    assert recovery.catch_up(r, KEYS, "op", standby, applied, [0, 1]) == 2
+    assert recovery.catch_up(exchange(r), KEYS, "op", standby, applied, [0, 1]) == 2
     put(owner, 0, "late", 7)  # the old owner's last commit before the handover
     ids.update(commit_changes(cp, owner))
 
-    last = recovery.restore(r, KEYS, "op", standby, since=applied)
+    last = recovery.restore(exchange(r), KEYS, "op", standby, since=applied)
     assert last == ids
     assert state(standby, 0) == state(owner, 0) and state(standby, 1) == {}
 
@@ -126,7 +130,7 @@ def test_catch_up_reloads_a_key_group_whose_snapshot_trimmed_entries_it_had_not_
     put(owner, 0, "a", 1)
     ids = commit_changes(cp, owner)
     standby, applied = keyed_store([0]), {}
-    recovery.catch_up(r, KEYS, "op", standby, applied, [0])
+    recovery.catch_up(exchange(r), KEYS, "op", standby, applied, [0])
     for i in range(3):  # changes the standby never read, then a snapshot that trims them away
         put(owner, 0, f"b{i}", i)
         ids.update(commit_changes(cp, owner))
@@ -135,7 +139,7 @@ def test_catch_up_reloads_a_key_group_whose_snapshot_trimmed_entries_it_had_not_
     put(owner, 0, "c", 9)
     ids.update(commit_changes(cp, owner))
 
-    recovery.catch_up(r, KEYS, "op", standby, applied, [0])
+    recovery.catch_up(exchange(r), KEYS, "op", standby, applied, [0])
     assert state(standby, 0) == state(owner, 0)
     assert applied == ids
 
@@ -150,7 +154,7 @@ def test_catch_up_folds_many_entries_of_a_key_group_into_one_apply(r):
             delete(owner, 0, "k1")
         ids.update(commit_changes(cp, owner))
     standby, applied = keyed_store([0]), {}
-    assert recovery.catch_up(r, KEYS, "op", standby, applied, [0]) == 30
+    assert recovery.catch_up(exchange(r), KEYS, "op", standby, applied, [0]) == 30
     assert state(standby, 0) == state(owner, 0) == {"k0": 28, "k1": 29, "k2": 26, "k3": 27}
 
 
@@ -189,7 +193,7 @@ def test_window_state_restored_from_redis_fires_once_and_keeps_late_records_out(
 
     # Restarted: state from the snapshot and the changelog tail, watermarks as committed (1500).
     second = WindowAggregate(WINDOW, open_store(backend, range(MAX_P), str(tmp_path / "second")), MAX_P)
-    assert recovery.restore(r, KEYS, "op", second.store) == ids
+    assert recovery.restore(exchange(r), KEYS, "op", second.store) == ids
     second.restore(dict.fromkeys(range(MAX_P), 1500))
     out, _ = second.process(window_batch(["a", "b"], [100, 200], [900, 1300], 1500), 1500)
     assert out is None and [r["v"] for r, _ in late_rows(second)] == [100], "it must not reopen window [0, 1000)"
@@ -204,7 +208,7 @@ def test_the_rescale_benchmarks_ballast_restores_and_never_fires(r, spark):
     assert state_bytes(r, plan.keys, list(range(key_groups))) >= 0.5e6
     spec = plan.spec.operator(STAGE)
     stage = WindowAggregate(spec, KeyGroupStore(range(key_groups)), key_groups)
-    recovery.restore(r, plan.keys, STAGE, stage.store)
+    recovery.restore(exchange(r), plan.keys, STAGE, stage.store)
     stage.restore()
     before = {kg: stage.store.table(kg) for kg in range(key_groups)}
     assert all(pc.min(pc.binary_length(t.column("k"))).as_py() >= BALLAST_ROW_BYTES for t in before.values())

@@ -11,6 +11,7 @@ import pytest
 import yaml
 from streamjobs_core.codec import decode, encode, encode_marker
 from streamjobs_core.control import PartitionProgress
+from streamjobs_core.exchange import RedisExchange
 from streamjobs_core.jobstore import RedisJobStore
 from streamjobs_core.keygroups import Assignment, key_groups_of
 from streamjobs_core.loading import parse_job
@@ -53,7 +54,7 @@ def _committed_state(r, jobs, plan) -> None:
         mine = [w for w, g in zip(WORDS, groups) if g == kg]
         _log(r, keys, kg, ChangeSet(upserts=concat_rows(mine)))
     store = KeyGroupStore(range(old), layout=WINDOW_STATE)
-    applied = recovery.restore(r, keys, "count", store)
+    applied = recovery.restore(RedisExchange(r, jobs), keys, "count", store)
     recovery.snapshot(r, keys, "count", store, applied, range(0, old, 2))
     for kg in range(old):
         mine = [w for w, g in zip(WORDS, groups) if g == kg]
@@ -81,9 +82,9 @@ def concat_rows(words: list[str]) -> pa.Table:
     return pa.concat_tables([_window_rows(words, 2_000, 1), _window_rows(words, 4_000, 2), _window_rows(words, 6_000, 3)])
 
 
-def _rows(r, keys, key_groups: int) -> tuple[Counter, dict[int, pa.Table]]:
+def _rows(jobs: RedisJobStore, key_groups: int) -> tuple[Counter, dict[int, pa.Table]]:
     store = KeyGroupStore(range(key_groups), layout=WINDOW_STATE)
-    recovery.restore(r, keys, "count", store)
+    recovery.restore(RedisExchange(jobs.r, jobs), jobs.keys, "count", store)
     tables = {kg: t for kg in range(key_groups) if (t := store.table(kg)) is not None}
     rows = Counter(tuple(sorted(row.items())) for t in tables.values() for row in t.to_pylist())
     return rows, tables
@@ -93,14 +94,14 @@ def test_state_and_records_in_flight_are_split_again_as_the_workers_read_them(r,
     jobs, plan = deployed
     keys = plan.keys
     _committed_state(r, jobs, plan)
-    before, _ = _rows(r, keys, 12)
+    before, _ = _rows(jobs, 12)
     assert len(before) == 2 * len(WORDS) - 12  # less the cut window, one deleted per kg
     assert f"{len(UNREAD)} records from 'words' not processed by 'count' yet" in in_flight(jobs, plan)  # not drained
 
     after_plan = resplit(jobs, 20)
 
     # The worker's recovery under 20 key groups reads every row once, each in its key's key group.
-    after, tables = _rows(r, keys, 20)
+    after, tables = _rows(jobs, 20)
     assert after == before
     assert any(kg >= 12 for kg in tables)
     for kg, table in tables.items():

@@ -11,7 +11,7 @@ import threading
 
 from streamjobs_core.connect import Credentials, connect
 from streamjobs_core.control import EXIT_FAILED, JobFailure
-from streamjobs_core.exchange import RedisStreams
+from streamjobs_core.exchange import RedisExchange
 from streamjobs_core.jobstore import RedisJobStore
 from streamjobs_core.reconfigure import plan_for
 from streamjobs_core.spares import await_promotion, pod_spare, serves_as_instance, watch_demotion
@@ -68,9 +68,9 @@ def serve(args: argparse.Namespace, signals: Signals, client=None) -> int:
     """A worker's whole life, as its arguments say, until stopped or retired; its exit status. `client`: its
     Redis connection, when its owner keeps a hold on it (a worker run in a thread)."""
     r = client or connect(args.redis_url, args.credentials)
-    jobs, streams = RedisJobStore(r, args.job), RedisStreams(r)
+    jobs = RedisJobStore(r, args.job)
     try:
-        return _serve(r, jobs, streams, args, signals)
+        return _serve(r, jobs, RedisExchange(r, jobs), args, signals)
     except (StageBroken, Exhausted) as exc:
         failure = exc.failure if isinstance(exc, Exhausted) else JobFailure(args.operator, args.instance, str(exc))
         jobs.fail(failure)
@@ -107,7 +107,7 @@ def arguments(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def _serve(r, jobs: RedisJobStore, streams: RedisStreams, args: argparse.Namespace, signals: Signals) -> int:
+def _serve(r, jobs: RedisJobStore, exchange: RedisExchange, args: argparse.Namespace, signals: Signals) -> int:
     """Run as the instance (or spare, or standby) the arguments say, until stopped or retired."""
     plan = plan_for(jobs, args.operator)
     log = logging.getLogger(__name__)
@@ -119,7 +119,7 @@ def _serve(r, jobs: RedisJobStore, streams: RedisStreams, args: argparse.Namespa
         stop, demoted = signals.next_life()
         if spare is not None:
             if not warm:
-                warm_up(r, streams, plan, args.operator, SPARE_REHEARSALS)
+                warm_up(r, exchange, plan, args.operator, SPARE_REHEARSALS)
                 warm = True
             jobs.spare_ready(args.operator, spare)
             promotion = await_promotion(jobs, args.operator, spare, stop)
@@ -134,7 +134,7 @@ def _serve(r, jobs: RedisJobStore, streams: RedisStreams, args: argparse.Namespa
                      "" if epoch is None else f" (standby of epoch {epoch})")
         prestaged = None
         if epoch is not None:
-            proceed, prestaged = await_epoch(r, jobs, streams, plan, args.operator, instance, epoch, stop, warm)
+            proceed, prestaged = await_epoch(r, jobs, exchange, plan, args.operator, instance, epoch, stop, warm)
             if not proceed:
                 return 0
             warm = True

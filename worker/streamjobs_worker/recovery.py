@@ -1,8 +1,8 @@
-"""Durable state in Redis: per-key-group changelog streams bounded by snapshots.
+"""Durable state in the exchange: per-key-group changelog streams bounded by snapshots.
 
 A snapshot holds a key group's whole state and the id of the last changelog
 entry it includes; the changelog is trimmed up to that id in the same
-transaction, so Redis keeps one snapshot plus a short tail per key group. Both
+transaction, so the exchange keeps one snapshot plus a short tail per key group. Both
 are columnar: a snapshot is the key group's rows as one Arrow IPC stream (the
 covered id in its schema's metadata), a changelog entry a ChangeSet (rows
 upserted and keys deleted as Arrow IPC, the cut as a number). A restore or a
@@ -15,7 +15,7 @@ from collections.abc import Iterable
 
 import pyarrow as pa
 import redis
-from streamjobs_core.exchange import Transaction, entry_order, next_entry
+from streamjobs_core.exchange import Exchange, Transaction, entry_order, next_entry
 from streamjobs_core.exchange.redis_exchange import apply
 from streamjobs_core.layout import JobKeys
 from streamjobs_core.statelog import read_changes, read_snapshot, snapshot_bytes
@@ -24,19 +24,19 @@ from .state import ChangeLog, KeyGroupStore
 
 
 def restore(
-    r: redis.Redis, keys: JobKeys, op: str, store: KeyGroupStore, since: dict[int, bytes] | None = None
+    exchange: Exchange, keys: JobKeys, op: str, store: KeyGroupStore, since: dict[int, bytes] | None = None
 ) -> dict[int, bytes]:
     """Bring every key group of the store to its last committed change; return the last changelog ids.
 
     `since` says how far a prestaged store got already: only what happened after it is applied.
     """
     applied = dict(since or {})
-    catch_up(r, keys, op, store, applied, store.key_groups)
+    catch_up(exchange, keys, op, store, applied, store.key_groups)
     return applied
 
 
 def catch_up(
-    r: redis.Redis, keys: JobKeys, op: str, store: KeyGroupStore, applied: dict[int, bytes], kgs: Iterable[int]
+    exchange: Exchange, keys: JobKeys, op: str, store: KeyGroupStore, applied: dict[int, bytes], kgs: Iterable[int]
 ) -> int:
     """Apply to `store` the changes of `kgs` after `applied` (updated in place); return how many entries.
 
@@ -48,16 +48,14 @@ def catch_up(
     pending = list(kgs)
     while pending:
         snapshots = {}
-        for kg, covered in _covered(r, keys, op, pending).items():
+        for kg, covered in _covered(exchange, keys, op, pending).items():
             if _newer(covered, applied.get(kg)):
-                covered, snapshots[kg] = read_snapshot(r.get(keys.snapshot(op, kg)))
+                covered, snapshots[kg] = read_snapshot(exchange.value(keys.snapshot(op, kg)))
                 applied[kg] = covered
         log = ChangeLog()
-        pipe = r.pipeline(transaction=False)
+        found = exchange.after({keys.changelog(op, kg): applied.get(kg) for kg in pending})
         for kg in pending:
-            pipe.xrange(keys.changelog(op, kg), min=b"(" + applied[kg] if kg in applied else b"-")
-        for kg, found in zip(pending, pipe.execute()):
-            for entry_id, fields in found:
+            for entry_id, fields in found[keys.changelog(op, kg)]:
                 log.add(kg, read_changes(fields))
                 applied[kg] = entry_id
                 entries += 1
@@ -65,12 +63,14 @@ def catch_up(
             store.load(kg, None if log.was_reset(kg) else table)
         for kg, changes in log.fold(store.layout).items():
             store.apply(kg, changes)
-        pending = [kg for kg, covered in _covered(r, keys, op, pending).items() if _newer(covered, applied.get(kg))]
+        pending = [kg for kg, covered in _covered(exchange, keys, op, pending).items()
+                   if _newer(covered, applied.get(kg))]
     return entries
 
 
-def _covered(r: redis.Redis, keys: JobKeys, op: str, kgs: list[int]) -> dict[int, bytes | None]:
-    return dict(zip(kgs, r.hmget(keys.snapshot_ids(op), [str(kg) for kg in kgs])))
+def _covered(exchange: Exchange, keys: JobKeys, op: str, kgs: list[int]) -> dict[int, bytes | None]:
+    """The changelog entry each key group's snapshot covers (None: no snapshot)."""
+    return dict(zip(kgs, exchange.hash_fields(keys.snapshot_ids(op), [str(kg) for kg in kgs])))
 
 
 def _newer(entry_id: bytes | None, than: bytes | None) -> bool:

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 
 import redis
-from streamjobs_core.exchange import Streams
+from streamjobs_core.exchange import Exchange
 from streamjobs_core.jobstore import JobStore
 from streamjobs_core.plan import JobPlan
 from streamjobs_core.spec import STATEFUL_TYPES
@@ -46,7 +46,7 @@ def state_directory(plan: JobPlan, op: str, instance: int, epoch: int) -> str:
 
 
 def await_epoch(
-    r: redis.Redis, jobs: JobStore, streams: Streams, plan: JobPlan, op: str, instance: int, epoch: int,
+    r: redis.Redis, jobs: JobStore, exchange: Exchange, plan: JobPlan, op: str, instance: int, epoch: int,
     stop: threading.Event,
     warm: bool = False,
 ) -> tuple[bool, Prestaged | None]:
@@ -54,7 +54,7 @@ def await_epoch(
     (whether to run, the prestaged state)."""
     spec = plan.spec.operator(op)
     if not warm:
-        warm_up(r, streams, plan, op)
+        warm_up(r, exchange, plan, op)
     keys = plan.keys
     prestaged = None
     upcoming = jobs.upcoming_assignment(op)
@@ -68,7 +68,8 @@ def await_epoch(
     next_round = 0.0
     while True:
         if prestaged is not None and time.monotonic() >= next_round:
-            applied = recovery.catch_up(r, keys, op, prestaged.store, prestaged.applied, prestaged.store.key_groups)
+            applied = recovery.catch_up(exchange, keys, op, prestaged.store, prestaged.applied,
+                                       prestaged.store.key_groups)
             jobs.report_standby_lag(op, instance, applied)
             next_round = time.monotonic() + _CATCH_UP_EVERY_S
         if not registered:  # ready: Spark is up and the bulk of the state is loaded

@@ -129,7 +129,7 @@ class Worker:
         suspect, self._suspect = self._suspect, None
         if self.spec.type in STATEFUL_TYPES:
             since = self.prestaged.applied if self.prestaged is not None else None
-            self.checkpoint.changelog_ids = recovery.restore(self.r, self.plan.keys, self.op, self.store, since)
+            self.checkpoint.changelog_ids = recovery.restore(self.exchange, self.plan.keys, self.op, self.store, since)
         for stage in self.chain.stages:
             stage.restore(self.input.key_group_watermarks())
         self.ownership.resumed()
@@ -367,7 +367,7 @@ class Worker:
             self.store.load(kg, ())
         if self.spec.type in STATEFUL_TYPES:
             applied: dict[int, bytes] = {}
-            recovery.catch_up(self.r, self.plan.keys, self.op, self.store, applied, mine)
+            recovery.catch_up(self.exchange, self.plan.keys, self.op, self.store, applied, mine)
             self.checkpoint.changelog_ids.update(applied)
         self.input.acquire(mine)
         watermarks = self.input.key_group_watermarks()

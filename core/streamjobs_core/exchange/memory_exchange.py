@@ -59,6 +59,11 @@ class MemoryExchange(MemoryStreams):
         with self._changed:
             return dict(self._hashes.get(key, {}))
 
+    def hash_fields(self, key: str, fields: list[str]) -> list[bytes | None]:
+        with self._changed:
+            kept = self._hashes.get(key, {})
+            return [kept.get(encoded(f)) for f in fields]
+
     def members(self, key: str) -> set[bytes]:
         with self._changed:
             return set(self._sets.get(key, ()))

@@ -57,6 +57,9 @@ class RedisExchange(RedisStreams):
     def hash(self, key: str) -> dict[bytes, bytes]:
         return self.r.hgetall(key)
 
+    def hash_fields(self, key: str, fields: list[str]) -> list[bytes | None]:
+        return self.r.hmget(key, fields)
+
     def members(self, key: str) -> set[bytes]:
         return self.r.smembers(key)
 
