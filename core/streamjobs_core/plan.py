@@ -126,11 +126,10 @@ class JobPlan:
                    tuple(data.get("resets", ())), tuple(data.get("kept_partitions", {}).items()))
 
 
-def edge_totals(r, keys: JobKeys, edges) -> list[tuple[int, int]]:
-    """(records produced into, records consumed from) each edge, summed over its key groups."""
-    pipe = r.pipeline(transaction=False)
-    for edge in edges:
-        pipe.hvals(keys.produced(edge.upstream, edge.downstream))
-        pipe.hvals(keys.consumed(edge.upstream, edge.downstream))
-    totals = [sum(int(v) for v in values) for values in pipe.execute()]
+def edge_totals(exchange, keys: JobKeys, edges) -> list[tuple[int, int]]:
+    """(records produced into, records consumed from) each edge, summed over its key groups, read from
+    the exchange's counts (`Exchange.hashes`)."""
+    names = [key for edge in edges for key in (keys.produced(edge.upstream, edge.downstream),
+                                                keys.consumed(edge.upstream, edge.downstream))]
+    totals = [sum(int(v) for v in counts.values()) for counts in exchange.hashes(names)]
     return list(zip(totals[::2], totals[1::2]))

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from streamjobs_core.connect import Credentials, connect
 from streamjobs_core.control import InstanceAddress
+from streamjobs_core.exchange import RedisExchange
 from streamjobs_core.jobstore import RedisJobStore
 from streamjobs_core.layout import job_id
 from streamjobs_core.plan import JobPlan, edge_totals
@@ -117,7 +118,7 @@ def flow(r, plan: JobPlan) -> tuple[int, int]:
     exchange's counters: the input rate and lag `kubectl get sj` shows."""
     # Edges between chains go through Redis; those inside a chain hold nothing.
     edges = [edge for op in plan.vertices for edge in plan.edges_out(plan.chain(op).tail)]
-    totals = edge_totals(r, plan.keys, edges)
+    totals = edge_totals(RedisExchange(r, RedisJobStore(r, plan.id)), plan.keys, edges)
     counts = r.hmget(plan.keys.counts, [f"{s.name}:out" for s in plan.spec.sources])
     emitted = sum(int(n or 0) for n in counts)
     return emitted, sum(produced - consumed for produced, consumed in totals)

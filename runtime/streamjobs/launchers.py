@@ -107,10 +107,11 @@ class ThreadWorker:
     def _life(self) -> None:
         from streamjobs_worker import spark
         from streamjobs_worker.__main__ import serve
+        from streamjobs_worker.ports import Ports
 
         spark.own_session()
         try:
-            code = serve(self._args, self._signals, self._client)
+            code = serve(self._args, self._signals, Ports.over_redis(self._client, self._args.job))
         except BaseException:  # noqa: BLE001 - a process would die of it: its log says why, its status 1
             with open(self._log, "a") as out:
                 out.write(traceback.format_exc())

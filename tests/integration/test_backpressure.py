@@ -20,6 +20,7 @@ from streamjobs_core.codec import encode
 from streamjobs_core.jobstore import RedisJobStore
 from streamjobs_core.loading import parse_job
 from streamjobs_core.plan import JobPlan
+from streamjobs_worker.ports import Ports
 from streamjobs_worker.sources import with_ingest_time
 from streamjobs_worker.worker import Worker
 
@@ -36,7 +37,7 @@ def test_source_stops_producing_over_the_lag_bound(r):
     })
     plan = JobPlan(job, int(time.time() * 1000))
     RedisJobStore(r, plan.name).deploy(plan)
-    source = Worker(r, plan, "words", 0)
+    source = Worker(Ports.over_redis(r, plan.id), plan, "words", 0)
     source.restore()
     deadline = time.monotonic() + 3
     while time.monotonic() < deadline:  # nobody consumes: the edge only fills
@@ -67,7 +68,8 @@ def test_a_stage_runs_what_it_holds_at_once_when_its_producer_waits_for_it(r, sp
     })
     plan = JobPlan(job, int(time.time() * 1000))
     RedisJobStore(r, plan.name).deploy(plan)
-    source, stage = Worker(r, plan, "words", 0), Worker(r, plan, "count", 0)
+    ports = Ports.over_redis(r, plan.id)
+    source, stage = Worker(ports, plan, "words", 0), Worker(ports, plan, "count", 0)
     source.restore()
     stage.restore()
 
@@ -218,7 +220,7 @@ def slow_stage_run(redis_server, spark, tmp_path_factory) -> Run:
 
     plan = JobPlan(job, int(time.time() * 1000))
     RedisJobStore(r, plan.name).deploy(plan)
-    workers = {op: Worker(clients[op], plan, op, 0) for op in clients}
+    workers = {op: Worker(Ports.over_redis(clients[op], plan.id), plan, op, 0) for op in clients}
     stop = threading.Event()
     errors: list[BaseException] = []
 

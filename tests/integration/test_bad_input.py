@@ -11,6 +11,7 @@ import pytest
 from streamjobs_core.jobstore import RedisJobStore
 from streamjobs_core.loading import parse_job
 from streamjobs_core.plan import JobPlan
+from streamjobs_worker.ports import Ports
 from streamjobs_worker.worker import Worker
 
 
@@ -41,7 +42,7 @@ def feed(r, plan) -> None:
 def test_every_kind_of_bad_record_is_dead_lettered_with_its_reason_and_the_rest_is_exact(r, spark):
     plan = deploy(r, "dead_letter")
     feed(r, plan)
-    workers = [Worker(r, plan, op, 0) for op in ("in", "twice", "out")]
+    workers = [Worker(Ports.over_redis(r, plan.id), plan, op, 0) for op in ("in", "twice", "out")]
     for worker in workers:
         worker.restore()
     for _ in range(3):
@@ -65,7 +66,8 @@ def test_every_kind_of_bad_record_is_dead_lettered_with_its_reason_and_the_rest_
 def test_on_error_fail_stops_the_worker_and_commits_nothing(r, spark):
     plan = deploy(r, "fail")
     feed(r, plan)
-    source, stage = Worker(r, plan, "in", 0), Worker(r, plan, "twice", 0)
+    ports = Ports.over_redis(r, plan.id)
+    source, stage = Worker(ports, plan, "in", 0), Worker(ports, plan, "twice", 0)
     source.restore()
     stage.restore()
     source.step()

@@ -11,6 +11,7 @@ from streamjobs_core.codec import decode, encode
 from streamjobs_core.jobstore import RedisJobStore
 from streamjobs_core.loading import parse_job
 from streamjobs_core.plan import JobPlan
+from streamjobs_worker.ports import Ports
 from streamjobs_worker.worker import Worker
 
 
@@ -25,7 +26,7 @@ def deploy(r, stages, sinks, **spec) -> JobPlan:
 
 def test_every_stream_hears_a_new_watermark_in_the_commit_that_advanced_it(r):
     plan = deploy(r, [], [{"name": "out", "type": "redis_stream", "inputs": ["words"], "chain": False}])
-    source = Worker(r, plan, "words", 0)
+    source = Worker(Ports.over_redis(r, plan.id), plan, "words", 0)
     source.restore()
     for _ in range(3):
         source.step()
@@ -41,7 +42,7 @@ def test_an_idle_window_stage_blocks_until_input_arrives_and_fires_on_its_waterm
               "window": {"sizeMs": 1000}, "aggregations": [{"function": "count", "as": "n"}]}
     plan = deploy(r, [window], [{"name": "out", "type": "redis_stream", "inputs": ["count"], "chain": False}],
                   batching={"maxWaitMs": 30_000, "minIntervalMs": 60_000})
-    stage = Worker(r, plan, "count", 0)
+    stage = Worker(Ports.over_redis(r, plan.id), plan, "count", 0)
     stage.restore()
 
     def produce(watermark: int, rows: dict | None) -> None:

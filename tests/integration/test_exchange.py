@@ -68,7 +68,7 @@ def test_a_commit_applies_every_write_and_names_its_changelog_entries(exchange):
         assert entry_id == ids[kg] and read_changes(fields).upserts.column("k").to_pylist() == [key]
     assert [f for _, f in exchange.after({"out": None})["out"]] == [{b"n": b"1"}, {b"n": b"2"}]
     assert [f for _, f in exchange.after({"sink": None})["sink"]] == [{b"word": b"x", b"n": b"1"}, {b"word": b"y"}]
-    assert exchange.hash("counts") == {b"in": b"4"} and exchange.hash("offsets") == {b"p0": b"2-0"}
+    assert exchange.hashes(["counts", "offsets"]) == [{b"in": b"4"}, {b"p0": b"2-0"}]
     assert exchange.hash_fields("offsets", ["p1", "p0"]) == [None, b"2-0"]
     assert exchange.value("snapshot") == b"rows" and exchange.items("manifest") == [b"part-1"]
     assert exchange.members("done") == {b"0"}
@@ -78,7 +78,7 @@ def test_a_commit_applies_every_write_and_names_its_changelog_entries(exchange):
     exchange.commit(txn, writer)
     # A commit's trim keeps what follows its id (Redis trims whole nodes: maybe more, never less).
     assert exchange.after({"out": None})["out"][-1] == (newest, {b"n": b"2"})
-    assert exchange.hash("counts") == {} and exchange.hash("offsets") == {}
+    assert exchange.hashes(["counts", "offsets"]) == [{}, {}]
 
 
 def test_a_replaced_incarnation_commits_nothing(exchange):
@@ -91,7 +91,7 @@ def test_a_replaced_incarnation_commits_nothing(exchange):
     with pytest.raises(Fenced, match="superseded"):
         exchange.commit(txn, old)
     assert exchange.length(["out", JobKeys("x").changelog(OP, 1)]) == [1, 0]
-    assert exchange.hash("counts") == {b"in": b"2"}
+    assert exchange.hashes(["counts"]) == [{b"in": b"2"}]
     exchange.commit(a_batch(3), new)
     assert exchange.length(["out"]) == [2]
 

@@ -23,6 +23,7 @@ from streamjobs_core.jobstore import RedisJobStore
 from streamjobs_core.loading import parse_job
 from streamjobs_core.plan import JobPlan
 from streamjobs_core.resplit import in_flight
+from streamjobs_worker.ports import Ports
 from streamjobs_worker.sources import RedisInputSource
 from streamjobs_worker.worker import Worker
 
@@ -90,13 +91,14 @@ def test_input_written_before_the_start_arrives_once_typed_and_bad_values_are_de
     time.sleep(0.3)  # the records wait in their streams: their latency counts from the XADD
 
     plan = deploy(r, job_)
-    first = [Worker(r, plan, op, 0) for op in plan.vertices]
+    first = [Worker(Ports.over_redis(r, plan.id), plan, op, 0) for op in plan.vertices]
     for worker in first:
         worker.restore()
         worker.step()
     ids.update(feed(r, keys, 2, 300, 100))
     time.sleep(0.3)
-    second = [Worker(r, plan, op, 0) for op in plan.vertices]  # restarted: a new incarnation of each
+    # Restarted: a new incarnation of each.
+    second = [Worker(Ports.over_redis(r, plan.id), plan, op, 0) for op in plan.vertices]
     for worker in second:
         worker.restore()
     with pytest.raises(Fenced):
@@ -122,7 +124,7 @@ def test_input_written_before_the_start_arrives_once_typed_and_bad_values_are_de
 def test_a_trimming_source_keeps_no_consumed_input_and_its_run_cannot_be_verified(r, spark):
     plan = deploy(r, job("trim", partitions=1, retention={"mode": "trim"}))
     feed(r, plan.keys, 1, 0, 2_000)
-    workers = [Worker(r, plan, op, 0) for op in plan.vertices]
+    workers = [Worker(Ports.over_redis(r, plan.id), plan, op, 0) for op in plan.vertices]
     for worker in workers:
         worker.restore()
     run_until_drained(r, plan, workers, 2_000)
@@ -205,7 +207,7 @@ def test_the_oracle_verifies_a_run_of_json_and_arrow_input(r, spark, fmt):
         for i in range(0, 200, 50):
             part = records[i:i + 50]
             r.xadd(stream, {"data": encode_table(pa.table({k: [str(x[k]) for x in part] for k in part[0]}))})
-    workers = [Worker(r, plan, op, 0) for op in plan.vertices]
+    workers = [Worker(Ports.over_redis(r, plan.id), plan, op, 0) for op in plan.vertices]
     for worker in workers:
         worker.restore()
     run_until_drained(r, plan, workers, 200)
@@ -223,7 +225,7 @@ def test_a_paused_source_reads_nothing_more_while_what_it_read_drains_and_reads_
         "sources": [{"name": "in", "type": "redis_stream", "partitions": 2, "schema": SCHEMA}],
         "sinks": [{"name": "out", "type": "redis_stream", "inputs": ["in"], "chain": False}]}}))
     jobs = RedisJobStore(r, plan.name)
-    source, sink = (Worker(r, plan, op, 0) for op in plan.vertices)
+    source, sink = (Worker(Ports.over_redis(r, plan.id), plan, op, 0) for op in plan.vertices)
     for worker in (source, sink):
         worker.restore()
     feed(r, plan.keys, 2, 0, 100)

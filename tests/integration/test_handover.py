@@ -14,6 +14,7 @@ from streamjobs_core.exchange import Fenced, RedisExchange, RedisStreams, Transa
 from streamjobs_core.jobstore import RedisJobStore
 from streamjobs_core.keygroups import Assignment, Move
 from streamjobs_worker.inputs import StreamInput
+from streamjobs_worker.ports import Ports
 from streamjobs_worker.transaction import Checkpoint
 from streamjobs_worker.worker import Worker
 
@@ -119,7 +120,7 @@ def test_a_worker_hands_a_key_group_over_at_its_marker_and_stops_reporting_its_l
             "job": "ctl", "operator": "out", "instance": str(worker.instance), "input": "agg", "key_group": str(kg)})
 
     put(r, plan, 3, [1, 2])
-    old = Worker(r, plan, "out", 0)
+    old = Worker(Ports.over_redis(r, plan.id), plan, "out", 0)
     old.restore()
     old.step()
     assert lag_sample(old, 3) == 0 and lag_sample(old, 2) == 0
@@ -127,7 +128,7 @@ def test_a_worker_hands_a_key_group_over_at_its_marker_and_stops_reporting_its_l
     put(r, plan, 3, [3])
     old.step()
     assert 3 not in old.owned and lag_sample(old, 3) is None and lag_sample(old, 2) == 0
-    new = Worker(r, plan, "out", 1)
+    new = Worker(Ports.over_redis(r, plan.id), plan, "out", 1)
     new.restore()
     new.step()
     assert new.owned == (3,)
@@ -140,10 +141,10 @@ def test_a_key_group_released_to_a_worker_while_it_starts_reaches_it_before_the_
     the controller, which ends the handover once every key group is taken, would have ended it with nobody
     reading that key group. Then it takes it over from the release, and its records are written once."""
     put(r, plan, 3, [1, 2])
-    old = Worker(r, plan, "out", 0)
+    old = Worker(Ports.over_redis(r, plan.id), plan, "out", 0)
     old.restore()
     old.step()
-    new = Worker(r, plan, "out", 1)  # its pod started: nothing is its own yet
+    new = Worker(Ports.over_redis(r, plan.id), plan, "out", 1)  # its pod started: nothing is its own yet
     assert new.owned == ()
     step = [Move(3, 0, 1)]
     handover.start(jobs, plan, "out", step)
@@ -175,7 +176,7 @@ def test_a_backlogged_owner_releases_at_its_next_commit_and_the_backlog_moves_wi
     jobs.deploy(plan)
     for i in range(1, 21):
         put(r, plan, 3, [i])
-    old = Worker(r, plan, "out", 0)
+    old = Worker(Ports.over_redis(r, plan.id), plan, "out", 0)
     old.restore()
     old.step()
     assert handover.start(jobs, plan, "out", [Move(3, 0, 1)]) == [3]
@@ -187,7 +188,7 @@ def test_a_backlogged_owner_releases_at_its_next_commit_and_the_backlog_moves_wi
         old.step()
     assert 3 not in old.owned and handover.moved_to(jobs, "out", 1) == [3]
     by_old = written(r, plan)
-    new = Worker(r, plan, "out", 1)
+    new = Worker(Ports.over_redis(r, plan.id), plan, "out", 1)
     new.restore()
     for _ in range(20):
         new.step()

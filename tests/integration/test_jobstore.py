@@ -16,7 +16,7 @@ from streamjobs_core.control import (
     StandbyStatus,
     Strategy,
 )
-from streamjobs_core.exchange import Transaction
+from streamjobs_core.exchange import Fence, MemoryExchange, RedisExchange, Transaction
 from streamjobs_core.jobstore import MemoryJobStore, RedisJobStore
 from streamjobs_core.keygroups import Assignment
 
@@ -31,12 +31,13 @@ def store(request):
 
 
 def commit(store, txn: Transaction) -> None:
-    """What a worker's Checkpoint does with the transaction (the memory store applied it already)."""
+    """What a worker's Checkpoint does with the transaction: commit it through the job's exchange. Until then
+    the records written into it are not in the store."""
     if isinstance(store, RedisJobStore):
-        pipe = store.r.pipeline()
-        for key, mapping in txn.hsets.items():
-            pipe.hset(key, mapping=mapping)
-        pipe.execute()
+        exchange = RedisExchange(store.r, store)
+    else:
+        exchange = MemoryExchange(store, control_plan().keys)
+    exchange.commit(txn, Fence("agg", 0, store.new_incarnation("agg", 0)))
 
 
 def test_deploy_assignments_and_the_final_switch(store):
@@ -120,6 +121,8 @@ def test_committed_input_progress(store):
     store.record_partitions(txn, "src", {0: PartitionProgress(b"17-0", 5, 9, 4), 1: PartitionProgress(40)},
                             watermarks={0: 1200})
     store.record_streams(txn, "agg", {"stream-a": (b"5-1", [(0, 3, 700), (4, 11, 650)])})
+    assert store.partitions("src", [0]) == {0: (None, None)}  # recorded into the commit: nothing before it
+    assert store.streams("agg", ["stream-a"]) == [(None, None)]
     commit(store, txn)
     got = store.partitions("src", [0, 1, 2])
     assert got[0] == (PartitionProgress(b"17-0", 5, 9, 4), 1200)

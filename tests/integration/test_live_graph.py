@@ -11,6 +11,7 @@ from streamjobs_core.control import ReconfigureState
 from streamjobs_core.jobstore import RedisJobStore
 from streamjobs_core.loading import parse_job
 from streamjobs_core.plan import JobPlan
+from streamjobs_worker.ports import Ports
 from streamjobs_worker.worker import Worker
 
 OUT = {"name": "out", "type": "redis_stream", "inputs": ["words"], "chain": False}
@@ -27,12 +28,13 @@ def test_a_stage_added_to_the_sources_chain_renames_the_streams_at_one_cut(r, sp
     jobs = RedisJobStore(r, "graph")
     first = JobPlan(job([], [OUT]), int(time.time() * 1000))
     jobs.deploy(first)
-    sink = Worker(r, first, "out", 0)
+    sink = Worker(Ports.over_redis(r, first.id), first, "out", 0)
     sink.restore()
     jobs.publish_plan(JobPlan(job([MARK], [{**OUT, "inputs": ["mark"]}]), first.t0_ms, 1),
                       ReconfigureState(1, time.time(), ("spec.stages[mark]: live",)))
 
-    source = Worker(r, jobs.plan(), "words", 0)  # as if restarted after the publish
+    published = jobs.plan()
+    source = Worker(Ports.over_redis(r, published.id), published, "words", 0)  # as if restarted after the publish
     assert (source.plan.version, source.chain.chain.operators) == (0, ("words",))
     source.restore()
     deadline = time.monotonic() + 60

@@ -18,6 +18,7 @@ from streamjobs.oracle import spilled, verify
 from streamjobs_core.jobstore import RedisJobStore
 from streamjobs_core.loading import parse_job
 from streamjobs_core.plan import JobPlan
+from streamjobs_worker.ports import Ports
 from streamjobs_worker.worker import Worker
 
 ACCOUNTS = 9
@@ -51,7 +52,7 @@ def job(function: str = "ledger"):
 
 
 def run_in_batches(r, plan: JobPlan, batches: int, per_batch: int) -> None:
-    workers = [Worker(r, plan, op, 0) for op in plan.vertices]
+    workers = [Worker(Ports.over_redis(r, plan.id), plan, op, 0) for op in plan.vertices]
     for worker in workers:
         worker.restore()
     stream = plan.keys.input_stream("in", 0)

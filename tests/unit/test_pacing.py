@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from streamjobs_core.deadletters import DeadLetter, Kind
+from streamjobs_core.exchange import MemoryStreams
 from streamjobs_core.jobstore import MemoryJobStore
 from streamjobs_core.spec import BatchingSettings, SqlStage, WindowAggregateStage
 from streamjobs_core.watermarks import MAX_WATERMARK
 from streamjobs_worker.inputs import InputBatch, open_input
 from streamjobs_worker.metrics import WorkerMetrics
 from streamjobs_worker.pacing import Pacing
+from streamjobs_worker.ports import Ports
 
 from ..jobs.control import control_plan
 
@@ -68,8 +70,9 @@ def test_a_stateless_stage_runs_on_arrival_but_spends_at_most_half_its_time_on_f
 
 def test_a_source_always_runs_its_tick_while_kg_streams_are_paced():
     plan, jobs = control_plan(), MemoryJobStore()
-    source = open_input(None, None, jobs, plan, "src", 0, (0,), WorkerMetrics(plan.id, "src", 0), lambda version: True)
-    streams = open_input(None, None, jobs, plan, "agg", 0, (0,), WorkerMetrics(plan.id, "agg", 0), lambda version: True)
+    ports = Ports(jobs, MemoryStreams())
+    source = open_input(ports, plan, "src", 0, (0,), WorkerMetrics(plan.id, "src", 0), lambda version: True)
+    streams = open_input(ports, plan, "agg", 0, (0,), WorkerMetrics(plan.id, "agg", 0), lambda version: True)
     pacing = Pacing(BATCHING, WINDOW)
     pacing.ran(batch(0, {0: 500}), 0.1, now=0.0)
     assert source.due(pacing, batch(10, {0: 600}), False, now=0.1)

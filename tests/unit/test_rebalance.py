@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from streamjobs_core.control import ControlEvent, ControlRecord
+from streamjobs_core.exchange import Fence, MemoryExchange, Transaction
 from streamjobs_core.jobstore import MemoryJobStore
 from streamjobs_core.keygroups import Assignment
 from streamjobs_core.rebalance import balanced, measure, measure_committed
@@ -63,10 +64,18 @@ def test_a_dry_run_measures_load_from_committed_counts_and_sends_no_event():
     store = MemoryJobStore()
     store.deploy(plan)
     upstream = plan.edges_in("agg")[0].upstream
-    store.delivered.update({(upstream, "agg", 2): 100, (upstream, "agg", 5): 100})
+    exchange = MemoryExchange(store, plan.keys)
+
+    def consume(counts: dict[int, int]) -> None:  # as the instances of agg commit what they consumed
+        txn = Transaction()
+        for kg, n in counts.items():
+            txn.hincrby(plan.keys.consumed(upstream, "agg"), str(kg), n)
+        exchange.commit(txn, Fence("agg", 0, store.new_incarnation("agg", 0)))
+
+    consume({2: 100, 5: 100})
 
     def wait(_: float) -> None:
-        store.delivered.update({(upstream, "agg", 2): 600, (upstream, "agg", 5): 200})
+        consume({2: 500, 5: 100})
 
     load = measure_committed(store, plan, "agg", 2.0, sleep=wait, clock=iter([0.0, 2.0]).__next__)
     assert load[2] == 250.0 and load[5] == 50.0 and load[0] == 0

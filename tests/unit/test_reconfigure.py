@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from streamjobs_core.codec import decode, encode_barrier
 from streamjobs_core.control import ControlEvent, ReconfigureRequest, ReconfigureState
-from streamjobs_core.exchange import Transaction
+from streamjobs_core.exchange import Fence, MemoryExchange, Transaction
 from streamjobs_core.jobstore import MemoryJobStore
 from streamjobs_core.loading import load_job
 from streamjobs_core.plan import JobPlan
@@ -353,14 +353,17 @@ def test_a_consumer_switches_to_the_new_tails_streams_with_their_watermarks_and_
     gone = [old.keys.kg_stream("tag", "count", kg) for kg in (3, 4)]
     taken = [new.keys.kg_stream("mark", "count", kg) for kg in (3, 4)]
     jobs = MemoryJobStore()
+    exchange = MemoryExchange(jobs, old.keys)
     jobs.record_streams(None, "count", {name: (b"12-0", ((0, 1, 4000),)) for name in gone})
-    reader = StreamInput(None, jobs, old, "count", 0, (3, 4))
+    reader = StreamInput(exchange, jobs, old, "count", 0, (3, 4))
     for stream in reader._streams.values():  # read up to their barriers, not committed yet
         stream.upstream_watermarks[:] = 5000
         stream.cursor, stream.read_records, stream.changed = b"17-0", 9, True
     txn = Transaction()
     reader.switch(new, txn)
     reader.add_progress(txn)
+    assert jobs.streams("count", gone) == [(b"12-0", ((0, 1, 4000),))] * 2  # until the switch commits
+    exchange.commit(txn, Fence("count", 0, jobs.new_incarnation("count", 0)))
     assert jobs.streams("count", gone) == [(None, None)] * 2
     assert [cursor for cursor, _ in jobs.streams("count", taken)] == [b"0-0"] * 2
     assert reader.key_group_watermarks() == {3: 5000, 4: 5000} and reader.version == 1

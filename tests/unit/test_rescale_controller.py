@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from streamjobs_core import handover
 from streamjobs_core.control import Phase, RescaleState, Strategy
+from streamjobs_core.exchange import Fence, MemoryExchange, Transaction
 from streamjobs_core.jobstore import MemoryJobStore
 from streamjobs_core.keygroups import Move
 from streamjobs_core.rescale import RescaleController, RescaleError, progress
@@ -256,7 +257,9 @@ def test_a_backlogged_owner_is_asked_for_a_release_and_the_others_get_markers():
     plan = control_plan(markerMaxLagRecords=5)
     store = MemoryJobStore()
     store.deploy(plan)
-    store.lag[("src", "agg", 1)] = 6  # instance 0 owns key groups 0..5: six records behind in all
+    txn = Transaction()  # instance 0 owns key groups 0..5: six records behind in all
+    txn.hincrby(plan.keys.produced("src", "agg"), "1", 6)
+    MemoryExchange(store, plan.keys).commit(txn, Fence("src", 0, store.new_incarnation("src", 0)))
     assert handover.start(store, plan, "agg", [Move(3, 0, 1), Move(9, 1, 0)]) == [3]
     assert store.release_requests("agg") == {3: 1}
     assert store.markers == [("src", "agg", 9, 0)]
@@ -289,8 +292,9 @@ class WatermarksMove(Workers):
         self._commit()
 
     def _commit(self) -> None:
-        for kg in range(12):
-            self.store.watermarks[("src", "agg", kg)] = self.watermark
+        keys = self.store.plan().keys
+        self.store.record_streams(None, "agg", {keys.kg_stream("src", "agg", kg): (b"1-0", ((0, 1, self.watermark),))
+                                                for kg in range(12)})
 
 
 def test_with_short_windows_each_step_starts_right_after_its_key_groups_fired_a_window(store, plan):

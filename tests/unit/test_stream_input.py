@@ -6,7 +6,7 @@ import threading
 
 import pyarrow as pa
 from streamjobs_core.codec import encode, encode_marker
-from streamjobs_core.exchange import MemoryStreams, Transaction
+from streamjobs_core.exchange import Fence, MemoryExchange, MemoryStreams, Transaction
 from streamjobs_core.jobstore import MemoryJobStore
 from streamjobs_worker.inputs import StreamInput
 
@@ -24,14 +24,14 @@ def values(batch) -> list[int]:
 
 
 def test_the_input_reads_owned_streams_up_to_a_marker_and_its_watermarks_over_memory():
-    plan, streams = control_plan(), MemoryStreams()
+    plan, jobs = control_plan(), MemoryJobStore()
+    streams = MemoryExchange(jobs, plan.keys)
     write(streams, plan, 3, [1, 2], 100)
     write(streams, plan, 2, [10], 100)
     write(streams, plan, 5, [99], 100)  # not owned
     streams.append(plan.keys.kg_stream("src", "agg", 3), encode_marker(1))
     write(streams, plan, 3, [3], 900)  # the new owner's
     write(streams, plan, 2, [11], 900)
-    jobs = MemoryJobStore()
     reader = StreamInput(streams, jobs, plan, "agg", 0, (2, 3))
     reader.restore()
     batch = reader.read(0, count=100)
@@ -40,7 +40,9 @@ def test_the_input_reads_owned_streams_up_to_a_marker_and_its_watermarks_over_me
     assert batch.watermarks == {2: 900, 3: 100}
     assert values(reader.read(0, count=100)) == []  # read once; the parked stream not again
 
-    reader.add_progress(Transaction())  # the memory store keeps the cursors at once, as a commit would
+    txn = Transaction()
+    reader.add_progress(txn)  # the cursors, kept by the memory store when the commit applies
+    streams.commit(txn, Fence("agg", 0, jobs.new_incarnation("agg", 0)))
     write(streams, plan, 2, [12], 950)
     restarted = StreamInput(streams, jobs, plan, "agg", 0, (2, 3))
     restarted.restore()

@@ -11,12 +11,11 @@ import threading
 
 from streamjobs_core.connect import Credentials, connect
 from streamjobs_core.control import EXIT_FAILED, JobFailure
-from streamjobs_core.exchange import RedisExchange
-from streamjobs_core.jobstore import RedisJobStore
 from streamjobs_core.reconfigure import plan_for
 from streamjobs_core.spares import await_promotion, pod_spare, serves_as_instance, watch_demotion
 
 from .parent import die_with_parent
+from .ports import Ports
 from .quarantine import Exhausted
 from .rehearsal import SPARE_REHEARSALS, warm_up
 from .stages import StageBroken
@@ -64,16 +63,15 @@ def main(argv: list[str] | None = None) -> int:
     return serve(args, Signals.installed())
 
 
-def serve(args: argparse.Namespace, signals: Signals, client=None) -> int:
-    """A worker's whole life, as its arguments say, until stopped or retired; its exit status. `client`: its
-    Redis connection, when its owner keeps a hold on it (a worker run in a thread)."""
-    r = client or connect(args.redis_url, args.credentials)
-    jobs = RedisJobStore(r, args.job)
+def serve(args: argparse.Namespace, signals: Signals, ports: Ports | None = None) -> int:
+    """A worker's whole life, as its arguments say, until stopped or retired; its exit status. `ports`: what it
+    runs over, when its owner hands them (a worker run in a thread); else the job's Redis at --redis-url."""
+    ports = ports or Ports.over_redis(connect(args.redis_url, args.credentials), args.job)
     try:
-        return _serve(r, jobs, RedisExchange(r, jobs), args, signals)
+        return _serve(ports, args, signals)
     except (StageBroken, Exhausted) as exc:
         failure = exc.failure if isinstance(exc, Exhausted) else JobFailure(args.operator, args.instance, str(exc))
-        jobs.fail(failure)
+        ports.jobs.fail(failure)
         logging.getLogger(__name__).error("the job cannot go on: %s", failure.describe())
         return EXIT_FAILED
 
@@ -107,8 +105,9 @@ def arguments(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def _serve(r, jobs: RedisJobStore, exchange: RedisExchange, args: argparse.Namespace, signals: Signals) -> int:
+def _serve(ports: Ports, args: argparse.Namespace, signals: Signals) -> int:
     """Run as the instance (or spare, or standby) the arguments say, until stopped or retired."""
+    jobs = ports.jobs
     plan = plan_for(jobs, args.operator)
     log = logging.getLogger(__name__)
     spare, instance, epoch, warm = args.spare, args.instance, args.await_epoch, False
@@ -119,7 +118,7 @@ def _serve(r, jobs: RedisJobStore, exchange: RedisExchange, args: argparse.Names
         stop, demoted = signals.next_life()
         if spare is not None:
             if not warm:
-                warm_up(r, exchange, plan, args.operator, SPARE_REHEARSALS)
+                warm_up(ports, plan, args.operator, SPARE_REHEARSALS)
                 warm = True
             jobs.spare_ready(args.operator, spare)
             promotion = await_promotion(jobs, args.operator, spare, stop)
@@ -134,12 +133,12 @@ def _serve(r, jobs: RedisJobStore, exchange: RedisExchange, args: argparse.Names
                      "" if epoch is None else f" (standby of epoch {epoch})")
         prestaged = None
         if epoch is not None:
-            proceed, prestaged = await_epoch(r, jobs, exchange, plan, args.operator, instance, epoch, stop, warm)
+            proceed, prestaged = await_epoch(ports, plan, args.operator, instance, epoch, stop, warm)
             if not proceed:
                 return 0
             warm = True
         try:
-            worker = Worker(r, plan, args.operator, instance, args.metrics_host, args.metrics_port,
+            worker = Worker(ports, plan, args.operator, instance, args.metrics_host, args.metrics_port,
                             args.advertise_host, prestaged, warm)
         except Retired as exc:  # restarted after its chain was removed: the runtime stops it
             log.info("%s", exc)

@@ -32,7 +32,6 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import pyarrow as pa
-import redis
 from streamjobs_core.codec import DecodeError, decode, header
 from streamjobs_core.deadletters import DeadLetter, Kind
 from streamjobs_core.exchange import Streams, Transaction
@@ -43,6 +42,7 @@ from streamjobs_core.watermarks import MIN_WATERMARK, runs_of
 
 from . import phases
 from .metrics import WorkerMetrics
+from .ports import Ports
 
 if TYPE_CHECKING:
     from .pacing import Pacing  # which reads batches of this module
@@ -171,14 +171,14 @@ class Input(Protocol):
         """Records produced into each owned stream and not yet consumed, per (upstream, kg)."""
 
 
-def open_input(r: redis.Redis, streams: Streams, store: JobStore, plan: JobPlan, op: str, instance: int,
-               owned: tuple[int, ...], metrics: WorkerMetrics, holds: Callable[[int], bool]) -> Input:
+def open_input(ports: Ports, plan: JobPlan, op: str, instance: int, owned: tuple[int, ...], metrics: WorkerMetrics,
+               holds: Callable[[int], bool]) -> Input:
     """The input of a chain headed by `op`: its source, or the kg streams of its owned key groups."""
     if plan.spec.operator(op) not in plan.spec.sources:
-        return StreamInput(streams, store, plan, op, instance, owned, holds)
+        return StreamInput(ports.exchange, ports.jobs, plan, op, instance, owned, holds)
     from .source_input import SourceInput  # imported here: it builds on this module's InputBatch
 
-    return SourceInput(r, store, plan, op, owned, metrics)
+    return SourceInput(ports.redis, ports.jobs, plan, op, owned, metrics)
 
 
 class StreamInput:

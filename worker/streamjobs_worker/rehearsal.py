@@ -34,6 +34,7 @@ from streamjobs_core.watermarks import MAX_WATERMARK
 
 from . import spark
 from .inputs import InputBatch
+from .ports import Ports
 from .sources import with_ingest_time
 from .stages import StageBroken, build_stage
 from .state import open_store
@@ -105,7 +106,7 @@ def _zero(kind: pa.DataType):
     return "" if pa.types.is_string(kind) else False if pa.types.is_boolean(kind) else 0
 
 
-def rehearse(r, streams: Streams, plan: JobPlan, op: str) -> int:
+def rehearse(ports: Ports, plan: JobPlan, op: str) -> int:
     """Run the instance's chain once on a sample of its input, every window fired, so each of its stages runs
     its own query; the records rehearsed (0 when there was nothing to rehearse on). StageBroken for a mistake
     in the job (see the module's docstring); a chain without stages only has its source's output checked."""
@@ -118,13 +119,13 @@ def rehearse(r, streams: Streams, plan: JobPlan, op: str) -> int:
         if batch.records:
             _check_output(plan, head, batch.table(chain.head))
     elif stages:
-        batch = sample(streams, plan, chain.head)
+        batch = sample(ports.exchange, plan, chain.head)
     if not stages or not batch.records:
         return 0
     scratch = open_store("memory", range(plan.spec.max_parallelism), "")
     rehearsed = batch.records
     for spec in stages:
-        output = _stage_once(r, plan, spec, scratch, batch)
+        output = _stage_once(ports, plan, spec, scratch, batch)
         if output is None or not output.num_rows:
             return 0 if output is None else rehearsed
         _check_output(plan, spec, output)
@@ -132,9 +133,9 @@ def rehearse(r, streams: Streams, plan: JobPlan, op: str) -> int:
     return rehearsed
 
 
-def _stage_once(r, plan: JobPlan, spec, scratch, batch: InputBatch):
+def _stage_once(ports: Ports, plan: JobPlan, spec, scratch, batch: InputBatch):
     """The stage's output for the sample (every window fired); None if it failed in a way records may cause."""
-    stage = build_stage(spec, scratch, plan.spec.max_parallelism, r)
+    stage = build_stage(spec, scratch, plan.spec.max_parallelism, ports.redis)
     try:
         stage.restore()
         return stage.process(batch, MAX_WATERMARK)[0]
@@ -172,10 +173,10 @@ def _described(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}"[:1500]
 
 
-def warm_up(r, streams: Streams, plan: JobPlan, op: str, rounds: int = 1) -> None:
+def warm_up(ports: Ports, plan: JobPlan, op: str, rounds: int = 1) -> None:
     """What an instance of `op`'s chain pays before its first batch: its SparkSession and `rounds` rehearsals."""
     if plan.runs_spark(op):
         spark.session()
         for _ in range(rounds):
-            if not rehearse(r, streams, plan, op):
+            if not rehearse(ports, plan, op):
                 break

@@ -29,9 +29,8 @@ _CONTROL_EVERY_S = 0.2
 
 
 class SourceInput:
-    def __init__(self, r: redis.Redis, store: JobStore, plan: JobPlan, op: str, owned: tuple[int, ...],
+    def __init__(self, r: redis.Redis | None, store: JobStore, plan: JobPlan, op: str, owned: tuple[int, ...],
                  metrics: WorkerMetrics) -> None:
-        self._r = r
         self._jobs = store
         self._plan = plan
         self._op = op

@@ -70,8 +70,7 @@ class _PartitionedSource:
 
 
 class GeneratorSource(_PartitionedSource):
-    def __init__(self, r: redis.Redis, jobs: JobStore, plan: JobPlan, op: str, partitions: tuple[int, ...]) -> None:
-        self._r = r
+    def __init__(self, jobs: JobStore, plan: JobPlan, op: str, partitions: tuple[int, ...]) -> None:
         self._jobs = jobs
         self._plan = plan
         self._op = op
@@ -382,8 +381,11 @@ class _Rows:
                 for i in rows.tolist()]
 
 
-def make_source(r: redis.Redis, jobs: JobStore, plan: JobPlan, op: str, partitions: tuple[int, ...]):
+def make_source(r: redis.Redis | None, jobs: JobStore, plan: JobPlan, op: str, partitions: tuple[int, ...]):
+    """`r`: the job's Redis, which an external stream is read from; None when the job runs over memory."""
     spec = plan.spec.operator(op)
-    if spec.type == "redis_stream":
-        return RedisInputSource(r, jobs, plan, op, partitions)
-    return GeneratorSource(r, jobs, plan, op, partitions)
+    if spec.type != "redis_stream":
+        return GeneratorSource(jobs, plan, op, partitions)
+    if r is None:
+        raise ValueError(f"{op}: a redis_stream source reads the job's Redis, and this job runs over memory")
+    return RedisInputSource(r, jobs, plan, op, partitions)

@@ -17,14 +17,12 @@ import threading
 import time
 from dataclasses import dataclass
 
-import redis
-from streamjobs_core.exchange import Exchange
-from streamjobs_core.jobstore import JobStore
 from streamjobs_core.plan import JobPlan
 from streamjobs_core.spec import STATEFUL_TYPES
 from streamjobs_core.statelog import state_layout
 
 from . import recovery
+from .ports import Ports
 from .rehearsal import warm_up
 from .state import KeyGroupStore, open_store
 
@@ -46,7 +44,7 @@ def state_directory(plan: JobPlan, op: str, instance: int, epoch: int) -> str:
 
 
 def await_epoch(
-    r: redis.Redis, jobs: JobStore, exchange: Exchange, plan: JobPlan, op: str, instance: int, epoch: int,
+    ports: Ports, plan: JobPlan, op: str, instance: int, epoch: int,
     stop: threading.Event,
     warm: bool = False,
 ) -> tuple[bool, Prestaged | None]:
@@ -54,7 +52,8 @@ def await_epoch(
     (whether to run, the prestaged state)."""
     spec = plan.spec.operator(op)
     if not warm:
-        warm_up(r, exchange, plan, op)
+        warm_up(ports, plan, op)
+    jobs, exchange = ports.jobs, ports.exchange
     keys = plan.keys
     prestaged = None
     upcoming = jobs.upcoming_assignment(op)

@@ -22,11 +22,9 @@ import logging
 import threading
 import time
 
-import redis
 from streamjobs_core.control import InstanceAddress, as_text
 from streamjobs_core.deadletters import DeadLetter, Kind
-from streamjobs_core.exchange import RedisExchange, Transaction
-from streamjobs_core.jobstore import RedisJobStore
+from streamjobs_core.exchange import Transaction
 from streamjobs_core.keygroups import runs
 from streamjobs_core.plan import JobPlan, edge_totals
 from streamjobs_core.reconfigure import holds_back, plan_in_force
@@ -41,6 +39,7 @@ from .metrics import WorkerMetrics
 from .outputs import OutputRouter
 from .ownership import Ownership
 from .pacing import Pacing
+from .ports import Ports
 from .quarantine import Quarantine
 from .rehearsal import rehearse
 from .standby import Prestaged, state_directory
@@ -63,7 +62,7 @@ class Retired(RuntimeError):
 
 class Worker:
     def __init__(
-        self, r: redis.Redis, plan: JobPlan, op: str, instance: int, metrics_host: str = "127.0.0.1",
+        self, ports: Ports, plan: JobPlan, op: str, instance: int, metrics_host: str = "127.0.0.1",
         metrics_port: int = 0, advertise_host: str | None = None, prestaged: Prestaged | None = None,
         warm: bool = False,
     ) -> None:
@@ -71,9 +70,8 @@ class Worker:
         if chain.head != op:
             raise NotAChainHead(f"'{op}' runs in the workers of '{chain.head}', chained after it "
                                 f"({' -> '.join(chain.operators)}); set chain: false on it to run it on its own")
-        self.r = r
-        self.jobs = jobs = RedisJobStore(r, plan.id)
-        self.exchange = exchange = RedisExchange(r, jobs)
+        self.jobs = jobs = ports.jobs
+        self.exchange = exchange = ports.exchange
         self.op = op
         self.instance = instance
         assignment = jobs.assignment(op) or plan.initial_assignment(op)
@@ -94,19 +92,19 @@ class Worker:
         self.prestaged = prestaged
         self.store = prestaged.store if prestaged is not None else open_store(
             plan.spec.state.backend, self.owned, state_directory(plan, op, instance, assignment.epoch))
-        self.input = open_input(r, exchange, jobs, plan, op, instance, self.owned, self.metrics, self._holds_back)
+        self.input = open_input(ports, plan, op, instance, self.owned, self.metrics, self._holds_back)
         self.quarantine = Quarantine(jobs, op, instance, plan.spec.restarts, self.input.isolates)
         self.input.restore()
         # Counted before the rehearsal: a worker that dies in it (a function that crashes on any record) counts.
         self._suspect = self.quarantine.started(self.input.positions())
-        self.chain = OperatorChain(plan, chain, instance, self.store, self.metrics, r)
+        self.chain = OperatorChain(plan, chain, instance, self.store, self.metrics, ports.redis)
         edges = plan.edges_out(chain.tail)
         self.router = OutputRouter(plan, chain.tail, runs(self.owned)) if edges else None
         self.checkpoint = Checkpoint(exchange, plan.keys, op, instance, self.incarnation, self.store,
                                      plan.spec.state.snapshot_every_batches)
         self.pacing = Pacing(plan.spec.batching, self.spec, runs_spark=bool(self.chain.stages))
         if not warm:  # a standby or a spare rehearsed while it waited
-            rehearse(r, exchange, plan, op)
+            rehearse(ports, plan, op)
         # Registering the endpoint tells the runtime this instance is ready (Spark is up).
         port = self.metrics.serve(host=metrics_host, port=metrics_port)
         # In a pod the server listens on every interface; others reach it at the pod's IP.
@@ -400,7 +398,7 @@ class Worker:
         now = time.monotonic()
         if self._edge_lag + self._written_since_check > bound or now - self._last_backpressure_check >= 0.2:
             self._last_backpressure_check = now
-            totals = edge_totals(self.r, self.plan.keys, self.plan.edges_out(self.chain.chain.tail))
+            totals = edge_totals(self.exchange, self.plan.keys, self.plan.edges_out(self.chain.chain.tail))
             self._edge_lag = max(produced - consumed for produced, consumed in totals)
             self._written_since_check = 0
         return self._edge_lag > bound
@@ -414,7 +412,8 @@ class Worker:
             return False
         edges = self.plan.edges_in(self.chain.chain.head)  # a source has none
         bound = self.plan.spec.batching.max_lag_records
-        return any(produced - consumed > bound for produced, consumed in edge_totals(self.r, self.plan.keys, edges))
+        totals = edge_totals(self.exchange, self.plan.keys, edges)
+        return any(produced - consumed > bound for produced, consumed in totals)
 
     def _report_lag(self) -> None:
         now = time.monotonic()

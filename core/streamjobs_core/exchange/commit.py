@@ -59,6 +59,9 @@ class Transaction:
     sadds: list[tuple[str, str]] = field(default_factory=list)
     hdels: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)
     deletes: list[str] = field(default_factory=list)
+    # A job store that keeps its records beside the exchange (the memory one) writes them here: they apply
+    # inside the commit, after its fence check, so an offset or a release lands with its batch or not at all.
+    in_commit: list[Callable[[], None]] = field(default_factory=list)
     after_commit: list[Callable[[], None]] = field(default_factory=list)
 
     def xadd(self, key: str, fields: dict, maxlen: int | None = None) -> None:
@@ -76,7 +79,10 @@ class Transaction:
     def delete(self, key: str) -> None:
         self.deletes.append(key)
 
+    def apply_in_commit(self, write: Callable[[], None]) -> None:
+        self.in_commit.append(write)
+
     @property
     def empty(self) -> bool:
         return not (self.xadds or self.rows or self.hsets or self.hincrs or self.changelog or self.values
-                    or self.rpushes or self.sadds or self.hdels or self.deletes)
+                    or self.rpushes or self.sadds or self.hdels or self.deletes or self.in_commit)

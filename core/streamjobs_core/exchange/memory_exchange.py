@@ -4,6 +4,8 @@ is checked against its fence and applied with no fencing change in between, as W
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from ..jobstore import MemoryJobStore
 from ..layout import JobKeys
 from ..statelog import changelog_fields
@@ -20,6 +22,7 @@ class MemoryExchange(MemoryStreams):
         self._sets: dict[str, set[bytes]] = {}
         self._lists: dict[str, list[bytes]] = {}
         self._values: dict[str, bytes] = {}
+        jobs.attach(self)
 
     def commit(self, txn: Transaction, fence: Fence) -> dict[int, bytes]:
         changelog = self._keys.changelog
@@ -53,11 +56,13 @@ class MemoryExchange(MemoryStreams):
             for key in txn.deletes:
                 for kept in (self._streams, self._hashes, self._sets, self._lists, self._values):
                     kept.pop(key, None)
+            for write in txn.in_commit:
+                write()
         return ids
 
-    def hash(self, key: str) -> dict[bytes, bytes]:
+    def hashes(self, keys: Sequence[str]) -> list[dict[bytes, bytes]]:
         with self._changed:
-            return dict(self._hashes.get(key, {}))
+            return [dict(self._hashes.get(key, {})) for key in keys]
 
     def hash_fields(self, key: str, fields: list[str]) -> list[bytes | None]:
         with self._changed:

@@ -35,7 +35,8 @@ class Exchange(Streams, Protocol):
         """Apply every write of `txn` at once, or none: Fenced when `fence` no longer holds. Returns the
         changelog entry id of each key group whose state changes it carried."""
     # What a commit wrote, as the job's readers (its store, reports, the oracle) see it.
-    def hash(self, key: str) -> dict[bytes, bytes]: ...
+    def hashes(self, keys: Sequence[str]) -> list[dict[bytes, bytes]]:
+        """Whole hashes, read together (an edge's per-key-group counts, summed by its readers)."""
     def hash_fields(self, key: str, fields: list[str]) -> list[bytes | None]:
         """Some fields of a hash, in order (None where absent): what a reader of a few key groups asks."""
     def members(self, key: str) -> set[bytes]: ...

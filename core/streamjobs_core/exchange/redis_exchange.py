@@ -3,7 +3,7 @@ WATCHing what fences it (the instance's incarnation, its operator's assignment).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import msgpack
 import redis
@@ -41,6 +41,8 @@ class RedisExchange(RedisStreams):
         self._jobs = jobs
 
     def commit(self, txn: Transaction, fence: Fence) -> dict[int, bytes]:
+        if txn.in_commit:
+            raise TypeError("a memory job store's records cannot commit to Redis: run the worker over one store")
         kgs = sorted(txn.changelog)
         while True:
             try:
@@ -54,8 +56,11 @@ class RedisExchange(RedisStreams):
             except redis.WatchError:
                 continue  # the assignment was rewritten: the next try says whether that fences us
 
-    def hash(self, key: str) -> dict[bytes, bytes]:
-        return self.r.hgetall(key)
+    def hashes(self, keys: Sequence[str]) -> list[dict[bytes, bytes]]:
+        pipe = self.r.pipeline(transaction=False)
+        for key in keys:
+            pipe.hgetall(key)
+        return pipe.execute()
 
     def hash_fields(self, key: str, fields: list[str]) -> list[bytes | None]:
         return self.r.hmget(key, fields)

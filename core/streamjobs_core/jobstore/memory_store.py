@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
+from ..codec import encode_marker
 from ..control import (
     Attempt,
     ControlEvent,
@@ -29,10 +31,22 @@ from ..plan import JobPlan
 from ..watermarks import Runs
 from .port import Commit
 
+if TYPE_CHECKING:
+    from ..exchange import Exchange  # which builds on this package: the memory exchange fences by this store
+
+
+def _apply(commit: Commit | None, write: Callable[[], None]) -> None:
+    """A record written into a commit applies with it (inside the memory exchange's commit, after its fence
+    check); outside one (a controller's write, a test's setup), at once."""
+    if commit is None:
+        write()
+    else:
+        commit.apply_in_commit(write)
+
 
 class MemoryJobStore:
-    """The job store in dictionaries: for unit tests of the control logic and jobs run in one process. Writes
-    into a commit apply at once (no transactions); what fences a commit (incarnations, the assignment and its
+    """The job store in dictionaries: for unit tests of the control logic and jobs run in one process. Records
+    written into a commit apply with it; what fences a commit (incarnations, the assignment and its
     generation) changes under `lock`, which the memory exchange holds while it checks and applies one."""
 
     def __init__(self) -> None:
@@ -45,10 +59,8 @@ class MemoryJobStore:
         self._asked: dict[str, dict[int, int]] = {}
         self._acquired: dict[str, dict[int, int]] = {}
         self._incarnations: dict[tuple[str, int], int] = {}
+        self._exchange: Exchange | None = None
         self.markers: list[tuple[str, str, int, int]] = []  # (upstream, op, kg, target), as placed
-        self.lag: dict[tuple[str, str, int], int] = {}  # (upstream, op, kg) -> records: set by a test
-        self.watermarks: dict[tuple[str, str, int], int] = {}  # likewise
-        self.delivered: dict[tuple[str, str, int], int] = {}  # (upstream, op, kg) -> records consumed: likewise
         self._rescale: RescaleState | None = None
         self._history: list[RescaleRecord] = []
         self._requests: list[RescaleRequest] = []
@@ -120,7 +132,12 @@ class MemoryJobStore:
         return self.assignment(op), dict(self._moved.get(op, {}))
 
     def release_in(self, commit: Commit | None, op: str, releases: dict[int, int]) -> None:
-        self._moved.setdefault(op, {}).update(releases)
+        releases = dict(releases)  # as it is now: the commit applies it later
+
+        def write() -> None:
+            self._moved.setdefault(op, {}).update(releases)
+
+        _apply(commit, write)
 
     def request_release(self, op: str, releases: dict[int, int]) -> None:
         self._asked.setdefault(op, {}).update(releases)
@@ -128,9 +145,18 @@ class MemoryJobStore:
     def release_requests(self, op: str) -> dict[int, int]:
         return dict(self._asked.get(op, {}))
 
+    def attach(self, exchange: Exchange) -> None:
+        """The exchange the job's records flow through (MemoryExchange attaches itself): markers go into its
+        kg streams, and the pacing reads count what its commits counted. Without one no record flows."""
+        self._exchange = exchange
+
     def mark(self, upstreams: Iterable[str], op: str, targets: dict[int, int]) -> None:
         upstreams = list(upstreams)
         self.markers.extend((upstream, op, kg, target) for kg, target in targets.items() for upstream in upstreams)
+        if self._exchange is not None:
+            for kg, target in targets.items():
+                for upstream in upstreams:
+                    self._exchange.append(self._plan.keys.kg_stream(upstream, op, kg), encode_marker(target))
 
     def record_acquired(self, op: str, kgs: Iterable[int], instance: int) -> None:
         self._acquired.setdefault(op, {}).update({kg: instance for kg in kgs})
@@ -153,16 +179,26 @@ class MemoryJobStore:
         return self._incarnations.get((op, instance)), self.generation(op)
 
     def key_group_lag(self, upstreams: Iterable[str], op: str, kgs: Iterable[int]) -> dict[tuple[str, int], int]:
-        kgs = list(kgs)
-        return {(u, kg): self.lag.get((u, op, kg), 0) for u in upstreams for kg in kgs}
+        kgs, keys = list(kgs), self._plan.keys
+        return {(u, kg): self._count(keys.produced(u, op), kg) - self._count(keys.consumed(u, op), kg)
+                for u in upstreams for kg in kgs}
 
     def consumed(self, upstreams: Iterable[str], op: str, kgs: Iterable[int]) -> dict[int, int]:
         upstreams = list(upstreams)
-        return {kg: sum(self.delivered.get((u, op, kg), 0) for u in upstreams) for kg in kgs}
+        return {kg: sum(self._count(self._plan.keys.consumed(u, op), kg) for u in upstreams) for kg in kgs}
+
+    def _count(self, key: str, kg: int) -> int:
+        """A key group's count in a hash of the exchange's counts (records produced into or consumed from)."""
+        if self._exchange is None:
+            return 0
+        return int(self._exchange.hash_fields(key, [str(kg)])[0] or 0)
 
     def committed_watermark(self, upstreams: Iterable[str], op: str, kgs: Iterable[int]) -> int | None:
-        marks = [self.watermarks.get((u, op, kg)) for kg in kgs for u in upstreams]
-        return None if not marks or None in marks else min(marks)
+        names = [self._plan.keys.kg_stream(u, op, kg) for kg in kgs for u in upstreams]
+        committed = [self._streams.get((op, name), (None, None))[1] for name in names]
+        if not committed or None in committed:
+            return None
+        return min(mark for runs in committed for _, _, mark in runs)
 
     def rescale_state(self) -> RescaleState | None:
         return self._rescale
@@ -221,26 +257,44 @@ class MemoryJobStore:
         return [self._plans[v] for v in sorted(self._plans) if v < self._plan.version] + [self._plan]
 
     def record_versions(self, commit: Commit | None, op: str, kgs: Iterable[int], version: int) -> None:
-        self._versions.setdefault(op, {}).update({kg: version for kg in kgs})
+        kgs = list(kgs)
+
+        def write() -> None:
+            self._versions.setdefault(op, {}).update({kg: version for kg in kgs})
+
+        _apply(commit, write)
 
     def versions(self, op: str) -> dict[int, int]:
         return dict(self._versions.get(op, {}))
 
     def record_cut(self, commit: Commit | None, op: str, version: int, offsets: dict[int, int | bytes]) -> None:
-        self._cuts.setdefault(version, {}).update({(op, p): str(o).encode() if isinstance(o, int) else o
-                                                   for p, o in offsets.items()})
+        offsets = dict(offsets)
+
+        def write() -> None:
+            self._cuts.setdefault(version, {}).update({(op, p): str(o).encode() if isinstance(o, int) else o
+                                                       for p, o in offsets.items()})
+
+        _apply(commit, write)
 
     def cut(self, version: int) -> dict[tuple[str, int], bytes]:
         return dict(self._cuts.get(version, {}))
 
     def record_aligned(self, commit: Commit | None, op: str, instance: int, version: int, ms: float) -> None:
-        self._aligned.setdefault(version, {})[f"{op}/{instance}"] = ms
+        def write() -> None:
+            self._aligned.setdefault(version, {})[f"{op}/{instance}"] = ms
+
+        _apply(commit, write)
 
     def aligned(self, version: int) -> dict[str, float]:
         return dict(self._aligned.get(version, {}))
 
     def record_reset(self, commit: Commit | None, op: str, version: int, watermarks: dict[int, int]) -> None:
-        self._resets.setdefault((version, op), {}).update(watermarks)
+        watermarks = dict(watermarks)
+
+        def write() -> None:
+            self._resets.setdefault((version, op), {}).update(watermarks)
+
+        _apply(commit, write)
 
     def resets(self, version: int, op: str) -> dict[int, int]:
         return dict(self._resets.get((version, op), {}))
@@ -264,7 +318,10 @@ class MemoryJobStore:
         return self._reconfigure_requests.pop(0) if self._reconfigure_requests else None
 
     def record_reply(self, commit: Commit | None, event: str, op: str, instance: int, reply: str) -> None:
-        self._replies.setdefault(event, {})[f"{op}/{instance}"] = json.loads(reply)
+        def write() -> None:
+            self._replies.setdefault(event, {})[f"{op}/{instance}"] = json.loads(reply)
+
+        _apply(commit, write)
 
     def replies(self, event: str) -> dict[str, object]:
         return dict(self._replies.get(event, {}))
@@ -388,20 +445,38 @@ class MemoryJobStore:
 
     def record_partitions(self, commit: Commit | None, op: str, progress: dict[int, PartitionProgress],
                           watermarks: dict[int, int] | None = None) -> None:
-        for p in {*progress, *(watermarks or {})}:
-            before, mark = self._partitions.get((op, p), (None, None))
-            self._partitions[(op, p)] = (progress.get(p, before), (watermarks or {}).get(p, mark))
+        progress, watermarks = dict(progress), dict(watermarks or {})
+
+        def write() -> None:
+            for p in {*progress, *watermarks}:
+                before, mark = self._partitions.get((op, p), (None, None))
+                self._partitions[(op, p)] = (progress.get(p, before), watermarks.get(p, mark))
+
+        _apply(commit, write)
 
     def partitions(self, op: str, partitions: Iterable[int]) -> dict[int, tuple[PartitionProgress | None, int | None]]:
         return {p: self._partitions.get((op, p), (None, None)) for p in partitions}
 
     def record_streams(self, commit: Commit | None, op: str, progress: dict[str, tuple[bytes, Runs]]) -> None:
-        for name, committed in progress.items():
-            self._streams[(op, name)] = committed
+        progress = dict(progress)
+
+        def write() -> None:
+            for name, committed in progress.items():
+                self._streams[(op, name)] = committed
+
+        _apply(commit, write)
 
     def forget_streams(self, commit: Commit | None, op: str, names: list[str]) -> None:
-        for name in names:
-            self._streams.pop((op, name), None)
+        names = list(names)
+        if commit is not None:
+            for name in names:
+                commit.delete(name)  # the stream too, in the exchange the commit goes to
+
+        def write() -> None:
+            for name in names:
+                self._streams.pop((op, name), None)
+
+        _apply(commit, write)
 
     def drop_inputs(self, plan: JobPlan, op: str) -> None:
         for key in [k for k in self._streams if k[0] == op]:

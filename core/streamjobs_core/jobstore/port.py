@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from ..control import (
@@ -27,9 +27,12 @@ from ..watermarks import Runs
 
 
 class Commit(Protocol):
+    """The batch's commit (the exchange's Transaction) that a store's records go into, to apply with it."""
     def hset(self, key: str, mapping: dict) -> None: ...
     def hdel(self, key: str, *fields: str) -> None: ...
     def delete(self, key: str) -> None: ...
+    def apply_in_commit(self, write: Callable[[], None]) -> None:
+        """Run `write` inside the commit, after its fence check: a store kept beside the exchange."""
 
 
 class JobStore(Protocol):

@@ -32,6 +32,7 @@ from streamjobs_core.loading import parse_job
 from streamjobs_core.plan import JobPlan
 from streamjobs_worker import phases
 from streamjobs_worker.outputs import OutputRouter
+from streamjobs_worker.ports import Ports
 from streamjobs_worker.sources import with_ingest_time
 from streamjobs_worker.stages.window import partial_sql
 from streamjobs_worker.worker import Worker
@@ -134,7 +135,7 @@ def measure(r: redis.Redis, spark, kind: str, records: int, repeats: int) -> dic
     plan = _job(kind)
     RedisJobStore(r, plan.id).deploy(plan)
     consumer = plan.spec.consumers("words")[0].name
-    worker = Worker(r, plan, consumer, 0)
+    worker = Worker(Ports.over_redis(r, plan.id), plan, consumer, 0)
     worker.restore()
     rows: list[dict] = []
     for batch in range(repeats + 1):

@@ -70,6 +70,9 @@ class LookupStage(_SparkStage):
 
     def __init__(self, spec: LookupSpec, store, r, clock=time.monotonic) -> None:
         super().__init__(spec, store)
+        if r is None and spec.table.parquet_path is None:
+            raise ValueError(f"its table is kept in Redis (table.redisKeyPrefix {spec.table.redis_key_prefix!r}) "
+                             "and this job runs over memory: give it a parquetPath or run it over Redis")
         self._r = r
         self._clock = clock
         self._table: DataFrame | None = None
