@@ -11,7 +11,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .exchange import Exchange, Streams
 
 PREVIEW_BYTES = 16 * 1024
 ERROR_CHARS = 2000
@@ -122,22 +125,15 @@ def _head(value: Any, limit: int) -> Any:
     return value
 
 
-def read_all(r, stream: str, chunk: int = 10_000) -> list[DeadLetter]:
+def read_all(streams: Streams, stream: str) -> list[DeadLetter]:
     """Every dead letter the stream (a job's `dead_letter` key) still holds, oldest first."""
-    letters: list[DeadLetter] = []
-    after = "-"
-    while True:
-        part = r.xrange(stream, min=after, count=chunk)
-        letters.extend(DeadLetter.decode(fields) for _, fields in part)
-        if len(part) < chunk:
-            return letters
-        after = "(" + part[-1][0].decode()
+    return [DeadLetter.decode(fields) for _, fields in streams.after({stream: None})[stream]]
 
 
-def totals(r, key: str) -> dict[str, dict[str, int]]:
+def totals(exchange: Exchange, key: str) -> dict[str, dict[str, int]]:
     """Per operator and kind: records dead-lettered, all time (the totals hash, `<op>:<kind>` fields)."""
     out: dict[str, dict[str, int]] = {}
-    for field, count in r.hgetall(key).items():
+    for field, count in exchange.hashes([key])[0].items():
         op, _, kind = field.decode().partition(":")
         if kind:
             out.setdefault(op, {})[kind] = int(count)

@@ -37,7 +37,7 @@ from .chaining import chains
 from .codec import decode, encode
 from .control import ReconfigureRecord
 from .exchange import entry_order
-from .jobstore import RedisJobStore
+from .jobstore import JobStore, RedisJobStore
 from .keygroups import Assignment, key_groups_of_columns
 from .plan import JobPlan
 from .spec import StreamJob
@@ -180,7 +180,7 @@ def _routed(records: pa.Table | None, key_by: tuple[str, ...] | None, max_parall
     return [(kg, records.filter(pa.array(kgs == kg))) for kg in np.unique(kgs).tolist()]
 
 
-def state_rows(store: RedisJobStore, op: str, key_groups: int, layout) -> pa.Table | None:
+def state_rows(store: JobStore, op: str, key_groups: int, layout) -> pa.Table | None:
     """Every row of a stage's state: each key group's snapshot with its changelog after it."""
     tables = []
     for snapshot, entries in store.state_logs(op, key_groups):

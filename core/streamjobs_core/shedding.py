@@ -10,12 +10,17 @@ external stream's records cannot be regenerated: its entries name the IDs of the
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import msgpack
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from .spec import LoadShedding
+
+if TYPE_CHECKING:
+    from .exchange import Streams
 
 Ranges = list[tuple[int, int, int]]  # (partition, first local index, end) of a generator source's batch
 
@@ -53,13 +58,13 @@ def log_entry(op: str, shed: int, kept: int, ranges: Ranges, ids: list[tuple[int
     return {"operator": op, "shed": shed, "kept": kept, "ranges": msgpack.packb(ranges), "ids": msgpack.packb(ids)}
 
 
-def shed_ids(r, key: str, op: str) -> set[tuple[int, bytes]]:
+def shed_ids(streams: Streams, key: str, op: str) -> set[tuple[int, bytes]]:
     """(partition, entry ID) of every record an external-stream source shed."""
-    return {(p, entry_id) for _, fields in r.xrange(key) if fields[b"operator"].decode() == op
+    return {(p, entry_id) for _, fields in streams.after({key: None})[key] if fields[b"operator"].decode() == op
             for p, entry_id in msgpack.unpackb(fields[b"ids"])}
 
 
-def read_log(r, key: str) -> list[tuple[str, int, Ranges]]:
+def read_log(streams: Streams, key: str) -> list[tuple[str, int, Ranges]]:
     """(operator, records shed, ranges) of every logged shedding batch, oldest first."""
     return [(fields[b"operator"].decode(), int(fields[b"shed"]), [tuple(x) for x in msgpack.unpackb(fields[b"ranges"])])
-            for _, fields in r.xrange(key)]
+            for _, fields in streams.after({key: None})[key]]

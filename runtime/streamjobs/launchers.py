@@ -6,7 +6,9 @@ whole life (`streamjobs_worker.__main__.serve`) with a SparkSession of its own o
 a job's workers start in a fraction of a second instead of a JVM each, which is what the tests whose subject
 is the semantics of a job (handovers, cuts, recovery) need. Killing one abandons it as SIGKILL abandons a
 process: its Redis connections are cut at once, so it commits nothing more (a transaction it had not sent
-is never sent), and a new incarnation takes over from its last commit as after a real kill.
+is never sent), and a new incarnation takes over from its last commit as after a real kill. Thread workers
+may also run over one set of memory ports (`Ports.in_memory`: no Redis at all), each through its own
+severable view of them, which a kill cuts the same way.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Protocol
 import redis
 from streamjobs_core.connect import apart
 from streamjobs_worker.parent import parent_env
+from streamjobs_worker.ports import Ports
 
 # A waiting spare warms up on the CPU the job leaves idle, not on its workers' share.
 SPARE_NICENESS = 19
@@ -76,8 +79,11 @@ def _can_raise_priority() -> bool:
 
 
 class ThreadLauncher:
-    def start(self, log: Path, argv: list[str], redis_url: str, spare: bool) -> ThreadWorker:
-        return ThreadWorker(log, ["--redis-url", redis_url, *argv])
+    def __init__(self, ports: Ports | None = None) -> None:
+        self.ports = ports  # what every worker runs over (memory ones); None: each its own Redis client
+
+    def start(self, log: Path, argv: list[str], redis_url: str | None, spare: bool) -> ThreadWorker:
+        return ThreadWorker(log, ["--redis-url", redis_url or "", *argv], self.ports)
 
     def full_priority(self, worker) -> None:
         """Threads share the process's priority."""
@@ -91,7 +97,7 @@ class ThreadWorker:
 
     _pids = itertools.count(2**30)  # not a process ID: distinct from any live process's
 
-    def __init__(self, log: Path, argv: list[str]) -> None:
+    def __init__(self, log: Path, argv: list[str], ports: Ports | None = None) -> None:
         from streamjobs_worker.__main__ import Signals, arguments
 
         self.pid = next(self._pids)
@@ -100,18 +106,21 @@ class ThreadWorker:
         self._args = arguments(argv)
         self._signals = Signals()
         self._severed = threading.Event()
-        self._client = _severable_client(self._args.redis_url, self._severed)
+        if ports is None:
+            self._client = _severable_client(self._args.redis_url, self._severed)
+            self._ports = Ports.over_redis(self._client, self._args.job)
+        else:
+            self._client, self._ports = None, ports.severable(self._severed)
         self._thread = threading.Thread(target=self._life, name=f"worker {log.stem}", daemon=True)
         self._thread.start()
 
     def _life(self) -> None:
         from streamjobs_worker import spark
         from streamjobs_worker.__main__ import serve
-        from streamjobs_worker.ports import Ports
 
         spark.own_session()
         try:
-            code = serve(self._args, self._signals, Ports.over_redis(self._client, self._args.job))
+            code = serve(self._args, self._signals, self._ports)
         except BaseException:  # noqa: BLE001 - a process would die of it: its log says why, its status 1
             with open(self._log, "a") as out:
                 out.write(traceback.format_exc())
@@ -146,7 +155,8 @@ class ThreadWorker:
             return
         self.returncode = -signal.SIGKILL
         self._severed.set()
-        self._client.connection_pool.disconnect(inuse_connections=True)  # a blocked read ends too
+        if self._client is not None:
+            self._client.connection_pool.disconnect(inuse_connections=True)  # a blocked read ends too
         self._signals.terminate()
 
 

@@ -6,17 +6,23 @@ import time
 
 import msgpack
 import numpy as np
-import redis
 from rich.table import Table
 from streamjobs_autoscaler.collect import EndpointCollector, OperatorCounters
-from streamjobs_core.jobstore import RedisJobStore
+from streamjobs_core.exchange import Streams, entry_order
 from streamjobs_core.layout import JobKeys
 from streamjobs_core.plan import JobPlan
+from streamjobs_worker.ports import Ports
+
+_LAST_SEQ = 2**64 - 1  # the largest sequence number of an entry id: an id after every entry of its millisecond
 
 
-def latency_samples(r: redis.Redis, keys: JobKeys, since_ms: int = 0, until_ms: int | None = None) -> np.ndarray:
+def latency_samples(streams: Streams, keys: JobKeys, since_ms: int = 0, until_ms: int | None = None) -> np.ndarray:
+    """The end-to-end latencies sinks sampled, those written from `since_ms` up to `until_ms` (ms since the epoch)."""
+    after = None if since_ms <= 0 else f"{since_ms - 1}-{_LAST_SEQ}".encode()
     values: list[int] = []
-    for _, fields in r.xrange(keys.latency_samples, min=f"{since_ms}-0", max=f"{until_ms}-0" if until_ms else "+"):
+    for entry_id, fields in streams.after({keys.latency_samples: after})[keys.latency_samples]:
+        if until_ms is not None and entry_order(entry_id) > (until_ms, 0):
+            break
         values.extend(msgpack.unpackb(fields[b"l"]))
     return np.asarray(values, dtype=np.float64)
 
@@ -29,11 +35,11 @@ def percentiles(values: np.ndarray) -> dict[str, float | None]:
 
 
 class LiveView:
-    def __init__(self, r: redis.Redis, plan: JobPlan, parallelism: dict[str, int]) -> None:
-        self.r = r
+    def __init__(self, ports: Ports, plan: JobPlan, parallelism: dict[str, int]) -> None:
+        self._exchange = ports.exchange
         self.plan = plan
         self.parallelism = parallelism  # the runtime's, updated by rescales
-        self._collector = EndpointCollector(RedisJobStore(r, plan.id))
+        self._collector = EndpointCollector(ports.jobs)
         self._previous: dict[str, OperatorCounters] = {}
         self._previous_time = time.monotonic()
         self.started = time.monotonic()
@@ -42,7 +48,7 @@ class LiveView:
         now = time.monotonic()
         current = self._collector.collect(now).operators
         dt = max(1e-6, now - self._previous_time)
-        recent = latency_samples(self.r, self.plan.keys, int(time.time() * 1000) - 5000)
+        recent = latency_samples(self._exchange, self.plan.keys, int(time.time() * 1000) - 5000)
         latency = percentiles(recent)
         rows = []
         for name in self.plan.spec.topological_order():

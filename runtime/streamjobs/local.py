@@ -24,12 +24,13 @@ from streamjobs_core.control import (
     RescaleState,
     Strategy,
 )
-from streamjobs_core.jobstore import RedisJobStore
+from streamjobs_core.layout import JobKeys
 from streamjobs_core.plan import JobPlan
 from streamjobs_core.reconfigure import ReconfigureController, Refused, diff
 from streamjobs_core.rescale import RescaleController
 from streamjobs_core.savepoint import Savepoint, check, read_restore_from, restore
 from streamjobs_core.spec import StreamJob
+from streamjobs_worker.ports import Ports
 
 from .launchers import Launcher, ProcessLauncher
 from .process_fleet import ProcessFleet
@@ -43,7 +44,7 @@ class PreviousRun(RuntimeError):
 @dataclass
 class LocalRuntime:
     job: StreamJob
-    redis_url: str
+    redis_url: str | None  # None: the job runs over `ports` (memory ones)
     log_dir: Path
     launcher: Launcher = field(default_factory=ProcessLauncher)  # ThreadLauncher: a job in this process's threads
     plan: JobPlan | None = None
@@ -52,13 +53,18 @@ class LocalRuntime:
     while_waiting: Callable[[], None] = lambda: None
     # Sees the rescale's saved state at each wait of its controller: the chaos command's fault injector.
     rescale_fault: Callable[[RescaleState], None] | None = None
+    # What the job runs over: the Redis at `redis_url` unless given (Ports.in_memory, with a ThreadLauncher
+    # over the same ports: a whole job in this process, no Redis).
+    ports: Ports | None = None
 
     def __post_init__(self) -> None:
         if self.job.metadata.namespace is not None:  # one default namespace here: keys by the job's name alone
             self.job = self.job.model_copy(update={"metadata": self.job.metadata.model_copy(update={"namespace": None})})
-        self.r = connect(self.redis_url)
-        self.jobs = RedisJobStore(self.r, self.job.metadata.name)
-        self.keys = self.jobs.keys
+        if self.ports is None:
+            self.ports = Ports.over_redis(connect(self.redis_url), self.job.metadata.name)
+        self.r = self.ports.redis
+        self.jobs = self.ports.jobs
+        self.keys = JobKeys(self.job.metadata.name)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.processes = Supervisor(self.jobs, lambda: self.job, self.redis_url, self.log_dir, self.launcher)
         self.fleet = ProcessFleet(self.processes, lambda: self.plan)
@@ -158,7 +164,8 @@ class LocalRuntime:
 
     def drained(self) -> bool:
         for sink in self.job.spec.sinks:
-            if self.r.scard(self.keys.done(sink.name)) < self.parallelism[self.plan.head(sink.name)]:
+            done = self.ports.exchange.members(self.keys.done(sink.name))
+            if len(done) < self.parallelism[self.plan.head(sink.name)]:
                 return False
         return True
 

@@ -22,18 +22,19 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-import redis
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 from streamjobs_core import ddl, deadletters, generators, resplit, shedding
 from streamjobs_core.deadletters import Kind
-from streamjobs_core.jobstore import RedisJobStore
+from streamjobs_core.exchange import entry_order
+from streamjobs_core.jobstore import JobStore
 from streamjobs_core.keygroups import key_groups_of_columns
 from streamjobs_core.plan import JobPlan
 from streamjobs_core.spec import STATEFUL_TYPES
 from streamjobs_core.statelog import state_layout
 from streamjobs_worker import external
+from streamjobs_worker.ports import Ports
 from streamjobs_worker.spark import spark_types
 from streamjobs_worker.stages.base import load_function, view_name
 from streamjobs_worker.stages.join import on_clause, select_list, window_join_sql
@@ -60,15 +61,15 @@ class Decisions:
     counts: dict[str, dict[str, int]] = field(default_factory=dict)  # operator -> kind -> records left out
 
     @classmethod
-    def of(cls, r: redis.Redis, plan: JobPlan) -> Decisions:
-        letters = deadletters.read_all(r, plan.keys.dead_letter)
+    def of(cls, ports: Ports, plan: JobPlan) -> Decisions:
+        letters = deadletters.read_all(ports.exchange, plan.keys.dead_letter)
         held: Counter = Counter(letter.operator for letter in letters)
-        for op, kinds in deadletters.totals(r, plan.keys.dead_letter_totals).items():
+        for op, kinds in deadletters.totals(ports.exchange, plan.keys.dead_letter_totals).items():
             if held[op] < sum(kinds.values()):
                 raise Unverifiable(f"{op}: the dead-letter stream holds {held[op]} of the {sum(kinds.values())} "
                                    "records it dead-lettered (trimmed): what the job left out is not known")
         decisions = cls()
-        sources = {s.name for p in RedisJobStore(r, plan.id).plans() for s in p.spec.sources}
+        sources = {s.name for p in ports.jobs.plans() for s in p.spec.sources}
         for letter in letters:
             if letter.kind in (Kind.REJECTED, Kind.LATE, Kind.QUARANTINED):
                 kinds = decisions.counts.setdefault(letter.operator, {})
@@ -136,23 +137,23 @@ def _value_key(value: Any) -> Any:
     return str(value)
 
 
-def source_input(r: redis.Redis, plan: JobPlan, op: str, decisions: Decisions | None = None):
+def source_input(ports: Ports, plan: JobPlan, op: str, decisions: Decisions | None = None):
     """The exact records a source committed: regenerated from a generator's offsets, read back from an
     external stream's retained input."""
     spec = plan.spec.operator(op)
     if spec.type == "redis_stream":
-        return external_input(r, plan, op, quarantined=(decisions or Decisions()).quarantined)
+        return external_input(ports, plan, op, quarantined=(decisions or Decisions()).quarantined)
     count = plan.key_groups(op)
-    committed = RedisJobStore(r, plan.id).partitions(op, range(count))
+    committed = ports.jobs.partitions(op, range(count))
     parts = [generators.global_indices(p, count, 0, int(progress.cursor) if progress else 0)
              for p, (progress, _) in committed.items()]
     indices = np.sort(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
     if spec.load_shedding is not None:
-        indices = np.setdiff1d(indices, shed_indices(r, plan, op), assume_unique=True)
+        indices = np.setdiff1d(indices, shed_indices(ports, plan, op), assume_unique=True)
     return generators.generate(spec, plan.t0_ms, indices)
 
 
-def external_input(r: redis.Redis, plan: JobPlan, op: str, cuts: list[dict] | None = None, first: int = 0,
+def external_input(ports: Ports, plan: JobPlan, op: str, cuts: list[dict] | None = None, first: int = 0,
                    quarantined: dict[str, set[bytes]] | None = None) -> pa.Table:
     """The records a redis_stream source committed: each partition's entries up to its committed cursor,
     decoded as the source decodes them (so the records it dead-lettered drop out the same way), less the
@@ -163,11 +164,13 @@ def external_input(r: redis.Redis, plan: JobPlan, op: str, cuts: list[dict] | No
     also says the plan version in force at its entry (`_v`): `first`, the version the source came in with."""
     spec = plan.spec.operator(op)
     keys = plan.keys
-    committed = RedisJobStore(r, plan.id).partitions(op, range(spec.partitions))
+    committed = ports.jobs.partitions(op, range(spec.partitions))
     decoder = external.Decoder(spec)
-    reader = external.StreamReader(r, spec.limits.max_entry_bytes, _READ_BYTES)
-    shed = shedding.shed_ids(r, keys.shed, op) if spec.load_shedding is not None else set()
-    total_shed = int(r.hget(keys.shed_totals, op) or 0)
+    if ports.redis is None:
+        raise Unverifiable(f"{op}: a redis_stream source's input is read back from the job's Redis, and this run had none")
+    reader = external.StreamReader(ports.redis, spec.limits.max_entry_bytes, _READ_BYTES)
+    shed = shedding.shed_ids(ports.exchange, keys.shed, op) if spec.load_shedding is not None else set()
+    total_shed = int(ports.exchange.hash_fields(keys.shed_totals, [op])[0] or 0)
     if len(shed) != total_shed:
         raise Unverifiable(f"{op}: the shed log names {len(shed)} of the {total_shed} records shed (trimmed)")
     tables = []
@@ -215,13 +218,8 @@ def _versions_of(ids: list[bytes], partition: int, op: str, cuts: list[dict], fi
     for version, cut in enumerate(cuts, start=first + 1):
         if (op, partition) not in cut:
             raise Unverifiable(f"{op}: partition {partition} never switched to plan version {version}")
-        bounds.append(_id_key(cut[(op, partition)]))
-    return [first + sum(_id_key(i) > bound for bound in bounds) for i in ids]
-
-
-def _id_key(entry_id: bytes | str) -> tuple[int, int]:
-    ms, _, seq = (entry_id.decode() if isinstance(entry_id, bytes) else entry_id).partition("-")
-    return int(ms), int(seq or 0)
+        bounds.append(entry_order(cut[(op, partition)]))
+    return [first + sum(entry_order(i) > bound for bound in bounds) for i in ids]
 
 
 def _entries_up_to(reader: external.StreamReader, key: str, last: bytes, chunk: int = 10_000) -> list:
@@ -237,12 +235,12 @@ def _entries_up_to(reader: external.StreamReader, key: str, last: bytes, chunk: 
         after = part[-1][0]
 
 
-def shed_indices(r: redis.Redis, plan: JobPlan, op: str) -> np.ndarray:
+def shed_indices(ports: Ports, plan: JobPlan, op: str) -> np.ndarray:
     """The global indices of the records a source shed: each logged batch regenerated, the choice repeated."""
     spec = plan.spec.operator(op)
     count = plan.key_groups(op)
-    logged = [(shed, ranges) for name, shed, ranges in shedding.read_log(r, plan.keys.shed) if name == op]
-    total = int(r.hget(plan.keys.shed_totals, op) or 0)
+    logged = [(shed, ranges) for name, shed, ranges in shedding.read_log(ports.exchange, plan.keys.shed) if name == op]
+    total = int(ports.exchange.hash_fields(plan.keys.shed_totals, [op])[0] or 0)
     if sum(shed for shed, _ in logged) != total:
         raise ValueError(f"{op}: the shed log holds {sum(s for s, _ in logged)} of {total} records shed "
                          "(trimmed): the run's input cannot be reproduced")
@@ -317,30 +315,30 @@ class Expected:
         return self.frames[op]
 
 
-def expected_outputs(spark: SparkSession, r: redis.Redis, plan: JobPlan, spill: Path,
+def expected_outputs(spark: SparkSession, ports: Ports, plan: JobPlan, spill: Path,
                      decisions: Decisions | None = None) -> Expected:
     """Every operator's expected output, lazily: its sources' records are spilled into `spill`, which must
     outlive the frames' use."""
     decisions = decisions or Decisions()
-    plans = RedisJobStore(r, plan.id).plans()
+    plans = ports.jobs.plans()
     states: dict[str, DataFrame] = {}
     if len(plans) > 1:
-        return Expected(_reconfigured_outputs(spark, r, plans, decisions, states, spill), states)
+        return Expected(_reconfigured_outputs(spark, ports, plans, decisions, states, spill), states)
     frames: dict[str, DataFrame] = {}
     for name in plan.spec.topological_order():
         op = plan.spec.operator(name)
         if op in plan.spec.sources:
             # Ingest time is not reproducible; a constant keeps queries that select it valid.
-            frames[name] = spilled(spark, source_input(r, plan, name, decisions), spill / name).withColumn(
+            frames[name] = spilled(spark, source_input(ports, plan, name, decisions), spill / name).withColumn(
                 "_ingest_ms", F.lit(0))
             continue
         taken = decisions.inputs_of(spark, frames, name)
         inputs = [taken[u].filter(op.where) if getattr(op, "where", None) else taken[u] for u in op.inputs]
-        frames[name] = _evaluate(spark, r, op, inputs, states=states)
+        frames[name] = _evaluate(spark, ports, op, inputs, states=states)
     return Expected(frames, states)
 
 
-def _evaluate(spark: SparkSession, r: redis.Redis, op, inputs: list[DataFrame],
+def _evaluate(spark: SparkSession, ports: Ports, op, inputs: list[DataFrame],
               since: dict[str, int] | None = None, states: dict[str, DataFrame] | None = None) -> DataFrame:
     """One operator over its whole input (each input already filtered by its `where`); `since` as _window's; a
     stateful stage's final state goes to `states`."""
@@ -363,7 +361,7 @@ def _evaluate(spark: SparkSession, r: redis.Redis, op, inputs: list[DataFrame],
             out = out.withColumn(name, F.when(F.col("_v") >= version, F.col(f"`{name}`")))
         return out
     if op.type == "lookup":
-        return lookup_join(union, load_table(spark, r, op), op)
+        return lookup_join(union, load_table(spark, ports.redis, op), op)
     if op.type == "stateful":
         key_field = union.schema[op.key_by]
         state = spark.createDataFrame([], f"`{op.key_by}` {key_field.dataType.simpleString()}, {op.state_schema}")
@@ -379,7 +377,7 @@ def _evaluate(spark: SparkSession, r: redis.Redis, op, inputs: list[DataFrame],
 _HOW_IT_RUNS = ("parallelism", "onError", "simulatedCostUs", "allowedLatenessMs", "maxLength", "path", "inputs")
 
 
-def _reconfigured_outputs(spark: SparkSession, r: redis.Redis, plans: list[JobPlan], decisions: Decisions,
+def _reconfigured_outputs(spark: SparkSession, ports: Ports, plans: list[JobPlan], decisions: Decisions,
                           states: dict[str, DataFrame], spill: Path) -> dict[str, DataFrame]:
     """The job reconfigured live: every source record carries the plan version in force at its offset (`_v`,
     from the recorded cuts), and every operator computes each record under that version's spec.
@@ -388,8 +386,7 @@ def _reconfigured_outputs(spark: SparkSession, r: redis.Redis, plans: list[JobPl
     `where` (applied per record), and what it emits has no single version: an operator downstream of one
     that changed what it computes cannot be verified per record, and is reported so.
     """
-    latest = plans[-1]
-    store = RedisJobStore(r, latest.id)
+    store = ports.jobs
     cuts = {p.version: store.cut(p.version) for p in plans[1:]}
     frames: dict[str, DataFrame] = {}
     versioned: dict[str, bool] = {}  # whether each row of the frame says its version
@@ -398,14 +395,14 @@ def _reconfigured_outputs(spark: SparkSession, r: redis.Redis, plans: list[JobPl
         specs = [_operator_or_none(p, name) for p in plans]
         op = next(spec for spec in reversed(specs) if spec is not None)
         if any(spec is not None and spec in p.spec.sources for p, spec in zip(plans, specs)):
-            frames[name] = spilled(spark, _versioned_source(r, plans, name, cuts, decisions),
+            frames[name] = spilled(spark, _versioned_source(ports, plans, name, cuts, decisions),
                                    spill / name).withColumn("_ingest_ms", F.lit(0))
             versioned[name] = True
             continue
         taken = decisions.inputs_of(spark, frames, name)
         resets = [p.version for p in plans if name in p.resets]
         if resets:
-            frames[name] = _with_resets(spark, r, store, plans, name, taken, versioned, resets)
+            frames[name] = _with_resets(spark, ports, store, plans, name, taken, versioned, resets)
             versioned[name] = False
             continue
         since = _aggregations_added(specs)
@@ -420,7 +417,7 @@ def _reconfigured_outputs(spark: SparkSession, r: redis.Redis, plans: list[JobPl
                                "stateful stage; records of several plan versions meet in its state, so the oracle "
                                "cannot tell which version each output row met")
         if op.type in STATEFUL_TYPES or not all(v for _, v in inputs):
-            frames[name] = _evaluate(spark, r, op, [_where_per_version(f, specs, v) for f, v in inputs], since,
+            frames[name] = _evaluate(spark, ports, op, [_where_per_version(f, specs, v) for f, v in inputs], since,
                                      states)
             versioned[name] = False
             continue
@@ -431,13 +428,13 @@ def _reconfigured_outputs(spark: SparkSession, r: redis.Redis, plans: list[JobPl
             inputs = [taken[u].filter(F.col("_v") == version) for u in spec.inputs]
             if getattr(spec, "where", None):
                 inputs = [frame.filter(spec.where) for frame in inputs]
-            parts.append(_evaluate(spark, r, spec, inputs).withColumn("_v", F.lit(version)))
+            parts.append(_evaluate(spark, ports, spec, inputs).withColumn("_v", F.lit(version)))
         frames[name] = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), parts)
         versioned[name] = True
     return frames
 
 
-def _with_resets(spark: SparkSession, r: redis.Redis, store: RedisJobStore, plans: list[JobPlan], name: str,
+def _with_resets(spark: SparkSession, ports: Ports, store: JobStore, plans: list[JobPlan], name: str,
                  frames: dict[str, DataFrame], versioned: dict[str, bool], resets: list[int]) -> DataFrame:
     """A window stage whose state live changes reset (--reset-state): each stretch of versions between resets
     is a state of its own, over the records of those versions. A stretch a reset ended emits the windows that
@@ -457,7 +454,7 @@ def _with_resets(spark: SparkSession, r: redis.Redis, store: RedisJobStore, plan
         spec = stretch[-1]
         inputs = [_where_per_version(frame, specs, True)
                   for frame, _ in _wired(frames, versioned, specs, range(start, end))]
-        out = _evaluate(spark, r, spec, inputs)
+        out = _evaluate(spark, ports, spec, inputs)
         if end < len(plans):
             out = _fired_before(spark, out, spec, store.resets(end, name), plans[end].spec.max_parallelism)
         parts.append(out)
@@ -552,7 +549,7 @@ def _where_per_version(frame: DataFrame, specs: list, versioned: bool) -> DataFr
     return frame.filter(condition)
 
 
-def _versioned_source(r: redis.Redis, plans: list[JobPlan], op: str, cuts: dict[int, dict],
+def _versioned_source(ports: Ports, plans: list[JobPlan], op: str, cuts: dict[int, dict],
                       decisions: Decisions) -> pa.Table:
     """A source's committed records, each with the plan version in force at its offset. A source added live
     starts under the version that added it; one removed switched to the version that removed it at its last
@@ -563,10 +560,10 @@ def _versioned_source(r: redis.Redis, plans: list[JobPlan], op: str, cuts: dict[
     plan = plans[last]
     spec = plan.spec.operator(op)
     if spec.type == "redis_stream":
-        return external_input(r, plan, op, [cuts[v] for v in switches], first, decisions.quarantined)
+        return external_input(ports, plan, op, [cuts[v] for v in switches], first, decisions.quarantined)
     count = plan.key_groups(op)
-    committed = RedisJobStore(r, plan.id).partitions(op, range(count))
-    shed = shed_indices(r, plan, op) if spec.load_shedding is not None else None
+    committed = ports.jobs.partitions(op, range(count))
+    shed = shed_indices(ports, plan, op) if spec.load_shedding is not None else None
     bounds = {}  # per partition: the offsets where each version starts, and the end of its committed input
     for p, (progress, _) in committed.items():
         missing = [v for v in switches if (op, p) not in cuts[v]]
@@ -603,37 +600,30 @@ def _rows(records: list[dict], columns: list[str]) -> Counter:
     return Counter(tuple(canonical(rec.get(c)) for c in columns) for rec in records)
 
 
-def actual_output(spark: SparkSession, r: redis.Redis, plan: JobPlan, sink: str) -> list[dict] | None:
+def actual_output(spark: SparkSession, ports: Ports, plan: JobPlan, sink: str) -> list[dict] | None:
     spec = plan.spec.operator(sink)
     if spec.type == "redis_stream":
-        rows = []
-        last = "-"
-        while True:
-            chunk = r.xrange(plan.keys.output_stream(sink), min=last, count=10_000)
-            if not chunk:
-                return rows
-            for _, fields in chunk:
-                rows.append({k.decode(): v.decode() for k, v in fields.items()})
-            last = "(" + chunk[-1][0].decode()
+        key = plan.keys.output_stream(sink)
+        return [{k.decode(): v.decode() for k, v in fields.items()} for _, fields in ports.exchange.after({key: None})[key]]
     if spec.type == "parquet":
-        dirs = [d.decode() for d in r.lrange(plan.keys.manifest(sink), 0, -1)]
+        dirs = [d.decode() for d in ports.exchange.items(plan.keys.manifest(sink))]
         return [row.asDict() for row in spark.read.parquet(*dirs).collect()] if dirs else []
     return None
 
 
-def verify(spark: SparkSession, r: redis.Redis, plan: JobPlan) -> dict:
+def verify(spark: SparkSession, ports: Ports, plan: JobPlan) -> dict:
     """The run's committed output against the expected one: per sink, lost, duplicated and unexpected rows.
     `correct` is None, with the reason, where the run cannot be verified; a sink downstream of a stateful
     stage whose outputs are per batch is not compared (its rows depend on where batches began), and that
     stage's final state per key is instead."""
     with tempfile.TemporaryDirectory(prefix="streamjobs-oracle-") as spill:
-        return _verify(spark, r, plan, Path(spill))
+        return _verify(spark, ports, plan, Path(spill))
 
 
-def _verify(spark: SparkSession, r: redis.Redis, plan: JobPlan, spill: Path) -> dict:
+def _verify(spark: SparkSession, ports: Ports, plan: JobPlan, spill: Path) -> dict:
     try:
-        decisions = Decisions.of(r, plan)
-        expected = expected_outputs(spark, r, plan, spill, decisions)
+        decisions = Decisions.of(ports, plan)
+        expected = expected_outputs(spark, ports, plan, spill, decisions)
     except Unverifiable as exc:
         return {"correct": None, "reason": f"cannot verify: {exc}"}
     result: dict[str, Any] = {"correct": True, "lost": 0, "duplicated": 0, "unexpected": 0, "sinks": {},
@@ -641,14 +631,14 @@ def _verify(spark: SparkSession, r: redis.Redis, plan: JobPlan, spill: Path) -> 
     per_batch = _per_batch_stages(plan)
     behind = _downstream(plan, per_batch)
     # Every sink of every version, with the last plan it is in: one removed live holds what it wrote before.
-    last_in = {sink.name: p for p in RedisJobStore(r, plan.id).plans() for sink in p.spec.sinks}
+    last_in = {sink.name: p for p in ports.jobs.plans() for sink in p.spec.sinks}
     for name, owner in last_in.items():
         if name in behind:
             result["sinks"][name] = {"checked": False, "reason": f"downstream of stateful stage {behind[name]!r} "
                                      "(outputs: per_batch): what it emits depends on its batches; its final state "
                                      "per key is checked instead"}
             continue
-        actual = actual_output(spark, r, owner, name)
+        actual = actual_output(spark, ports, owner, name)
         if actual is None:
             result["sinks"][name] = {"checked": False, "reason": "console output is not kept"}
             continue
@@ -659,7 +649,7 @@ def _verify(spark: SparkSession, r: redis.Redis, plan: JobPlan, spill: Path) -> 
     if per_batch:
         result["states"] = {}
         for op in per_batch:
-            want, got = _states(spark, r, plan, op, expected)
+            want, got = _states(spark, ports, plan, op, expected)
             _tally(result, result["states"].setdefault(op, {}), want, got)
     checked = [s for s in (*result["sinks"].values(), *result.get("states", {}).values()) if "expected" in s]
     if not checked:
@@ -700,7 +690,7 @@ def _downstream(plan: JobPlan, stages: list[str]) -> dict[str, str]:
     return behind
 
 
-def _states(spark: SparkSession, r: redis.Redis, plan: JobPlan, op: str, expected) -> tuple[Counter, Counter]:
+def _states(spark: SparkSession, ports: Ports, plan: JobPlan, op: str, expected) -> tuple[Counter, Counter]:
     """A stateful stage's final state per key: expected (its function once over all its input, from no state)
     and as the job left it in Redis."""
     spec = plan.spec.operator(op)
@@ -709,7 +699,7 @@ def _states(spark: SparkSession, r: redis.Redis, plan: JobPlan, op: str, expecte
     nulls = reduce(lambda a, b: a & b, [F.col(f"`{c}`").isNull() for c in names[1:]])
     want = _rows([row.asDict() for row in want_frame.filter(~nulls).select(*[f"`{c}`" for c in names]).collect()],
                  names)
-    rows = resplit.state_rows(RedisJobStore(r, plan.id), op, plan.spec.max_parallelism, state_layout(spec))
+    rows = resplit.state_rows(ports.jobs, op, plan.spec.max_parallelism, state_layout(spec))
     got = _rows([] if rows is None else rows.select(names).to_pylist(), names)
     return want, got
 

@@ -23,6 +23,7 @@ from streamjobs_core.connect import redacted
 from streamjobs_core.control import ControlRecord, ReconfigureRecord
 from streamjobs_core.savepoint import Savepoint
 from streamjobs_core.spec import StreamJob
+from streamjobs_worker.ports import Ports
 
 from . import report as reporting
 from .autoscaling import local_autoscaler
@@ -48,6 +49,7 @@ def run_job(
     savepoint: Savepoint | None = None,
     reset: tuple[str, ...] = (),
     launcher: Launcher | None = None,
+    ports: Ports | None = None,
 ) -> dict:
     """Run until duration (or Ctrl-C, or bounded sources finish), drain, verify, report.
 
@@ -56,17 +58,20 @@ def run_job(
     any worker starts. Unless `fresh`, a run of the job that `redis_url` holds goes on from its
     last commits (LocalRuntime.start); from `savepoint`'s, when given. Going on under a changed spec,
     the stateful stages in `reset` start their state afresh. `launcher`: how workers start (processes by
-    default; launchers.ThreadLauncher runs them in this process).
+    default; launchers.ThreadLauncher runs them in this process). `ports`: what the job runs over instead of
+    Redis (Ports.in_memory, its workers threads of a ThreadLauncher over the same ports).
     """
     console = console or Console()
     with contextlib.ExitStack() as stack:
-        own_redis = redis_url is None  # the run's own redis-server: it goes when the run ends
+        redis_url = None if ports is not None else redis_url
+        own_redis = redis_url is None and ports is None  # the run's own redis-server: it goes when the run ends
         if own_redis:
             redis_url = stack.enter_context(RedisServer()).url
         logs = Path(log_dir or tempfile.mkdtemp(prefix=f"streamjobs-{job.metadata.name}-"))
-        runtime = LocalRuntime(job, redis_url, logs, launcher or ProcessLauncher())
+        runtime = LocalRuntime(job, redis_url, logs, launcher or ProcessLauncher(), ports=ports)
         stack.callback(runtime.shutdown)
-        console.print(f"starting {job.metadata.name} on {redacted(redis_url)}: workers log to {logs}")
+        where = "this process's memory" if redis_url is None else redacted(redis_url)
+        console.print(f"starting {job.metadata.name} on {where}: workers log to {logs}")
         try:
             return _run(runtime, console, logs, own_redis, duration_s, report_path, verify, during, prepare, fresh,
                         savepoint, reset)
@@ -84,7 +89,7 @@ def _run(runtime: LocalRuntime, console: Console, logs: Path, own_redis: bool, d
         console.print(escape(note))
     started = time.monotonic()
     started_ms = int(time.time() * 1000)
-    view = LiveView(runtime.r, runtime.plan, runtime.parallelism)
+    view = LiveView(runtime.ports, runtime.plan, runtime.parallelism)
     autoscaler, events = local_autoscaler(runtime, console)
     interrupted = _run_live(runtime, view, console, duration_s, during, started, autoscaler)
     if runtime.jobs.suspend_requested():
@@ -103,19 +108,19 @@ def _run(runtime: LocalRuntime, console: Console, logs: Path, own_redis: bool, d
         "drained": drained,
         "restarts": runtime.restarts(),
         "spares_promoted": runtime.processes.spares.promoted,
-        "operators": reporting.committed_counts(runtime.r, runtime.plan),
-        "sinks": reporting.sink_counts(runtime.r, runtime.plan),
-        "latency_ms": percentiles(latency_samples(runtime.r, runtime.keys)),
+        "operators": reporting.committed_counts(runtime.ports.exchange, runtime.plan),
+        "sinks": reporting.sink_counts(runtime.ports.exchange, runtime.plan),
+        "latency_ms": percentiles(latency_samples(runtime.ports.exchange, runtime.keys)),
         # The first batches pay Spark's query compilation and JIT, and the drain fires every
         # open window at once: the second half of the run shows the steady state.
         "latency_second_half_ms": percentiles(
-            latency_samples(runtime.r, runtime.keys, (started_ms + stopped_ms) // 2, stopped_ms)
+            latency_samples(runtime.ports.exchange, runtime.keys, (started_ms + stopped_ms) // 2, stopped_ms)
         ),
-        "dead_letters": int(runtime.r.xlen(runtime.keys.dead_letter)),
-        "dead_letters_by_operator": reporting.dead_letter_counts(runtime.r, runtime.plan),
+        "dead_letters": runtime.ports.exchange.length([runtime.keys.dead_letter])[0],
+        "dead_letters_by_operator": reporting.dead_letter_counts(runtime.ports.exchange, runtime.plan),
         # per operator and kind (undecodable, oversize, future, rejected, late, quarantined)
-        "dead_letters_by_kind": deadletters.totals(runtime.r, runtime.keys.dead_letter_totals),
-        "shed": {op.decode(): int(n) for op, n in runtime.r.hgetall(runtime.keys.shed_totals).items()},
+        "dead_letters_by_kind": deadletters.totals(runtime.ports.exchange, runtime.keys.dead_letter_totals),
+        "shed": {op.decode(): int(n) for op, n in runtime.ports.exchange.hashes([runtime.keys.shed_totals])[0].items()},
         "rescales": [record.as_dict() for record in runtime.jobs.rescale_history()],
         "reconfigurations": [record.as_dict() for record in runtime.jobs.reconfigure_history()],
         "control_events": [record.as_dict() for record in runtime.jobs.control_history()],
@@ -152,8 +157,8 @@ def _failed(runtime: LocalRuntime, console: Console, exc: JobFailed, logs: Path,
                                                          "cause": failure.cause, "input": failure.where},
               "restarts": runtime.restarts()}
     if runtime.plan is not None:
-        result["operators"] = reporting.committed_counts(runtime.r, runtime.plan)
-        result["dead_letters_by_operator"] = reporting.dead_letter_counts(runtime.r, runtime.plan)
+        result["operators"] = reporting.committed_counts(runtime.ports.exchange, runtime.plan)
+        result["dead_letters_by_operator"] = reporting.dead_letter_counts(runtime.ports.exchange, runtime.plan)
     report = _write_report(result, report_path, logs)
     console.print(escape(f"FAILED: {failure.describe()}"))
     console.print(f"worker logs: {logs}; report: {report}")
@@ -166,7 +171,8 @@ def _suspend(runtime, console, elapsed: float, logs: Path, report_path: str | No
     or verified: the output is whole only once the job has drained)."""
     runtime.shutdown()
     result = {"job": runtime.plan.name, "duration_s": round(elapsed, 2), "suspended": True,
-              "restarts": runtime.restarts(), "operators": reporting.committed_counts(runtime.r, runtime.plan),
+              "restarts": runtime.restarts(),
+              "operators": reporting.committed_counts(runtime.ports.exchange, runtime.plan),
               "reconfigurations": [record.as_dict() for record in runtime.jobs.reconfigure_history()]}
     report = _write_report(result, report_path, logs)
     if own_redis:
@@ -303,7 +309,7 @@ def _verify(runtime: LocalRuntime, drained: bool, logs: Path) -> dict:
     try:
         with _jvm_console_to(logs / "oracle-spark.log"):
             session = spark.session("local[2]", "2g")
-        return oracle.verify(session, runtime.r, runtime.plan)
+        return oracle.verify(session, runtime.ports, runtime.plan)
     except Exception as exc:  # noqa: BLE001 - a verification that cannot finish says so; the report is written
         lines = str(exc).strip().splitlines()
         return {"correct": None, "reason": f"the verification could not finish: {type(exc).__name__}: "

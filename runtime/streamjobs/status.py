@@ -10,10 +10,12 @@ from datetime import UTC, datetime
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from streamjobs_core.exchange import RedisExchange
 from streamjobs_core.jobstore import RedisJobStore
 from streamjobs_core.plan import JobPlan
 from streamjobs_core.reconfigure import ReconfigureController
 from streamjobs_core.rescale import progress
+from streamjobs_worker.ports import Ports
 
 from .live import LiveView
 
@@ -65,7 +67,7 @@ def job_status(store: RedisJobStore, plan: JobPlan, measure_s: float = 1.0) -> J
     from its workers' metrics."""
     rows: dict[str, dict] = {}
     if measure_s:
-        view = LiveView(store.r, plan, {})
+        view = LiveView(Ports(store, RedisExchange(store.r, store), store.r), plan, {})
         view.rows()
         time.sleep(measure_s)
         rows = {row["operator"]: row for row in view.rows()}

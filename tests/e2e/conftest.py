@@ -31,10 +31,16 @@ def run(redis_server, tmp_path):
 @pytest.fixture
 def run_in_process(run):
     """As `run`, every worker a thread of this process (one JVM): for tests whose subject is what a job computes
-    and how it stays exact, not its processes. A SIGKILL abandons a thread as it would a process."""
+    and how it stays exact, not its processes. A SIGKILL abandons a thread as it would a process. `memory`:
+    the job runs over memory ports (its store and exchange in this process) instead of the redis-server."""
     from streamjobs.launchers import ThreadLauncher
+    from streamjobs_worker.ports import Ports
 
-    return lambda path, duration_s, **kwargs: run(path, duration_s, launcher=ThreadLauncher(), **kwargs)
+    def _run(path: str, duration_s: float | None, memory: bool = False, **kwargs) -> dict:
+        ports = Ports.in_memory(load_job(ROOT / path).metadata.name) if memory else None
+        return run(path, duration_s, launcher=ThreadLauncher(ports), ports=ports, **kwargs)
+
+    return _run
 
 
 def assert_exact(report: dict) -> None:

@@ -15,6 +15,7 @@ import pyarrow.compute as pc
 import pytest
 import redis
 from streamjobs_core.loading import load_job
+from streamjobs_worker.ports import Ports
 
 from .conftest import ROOT, assert_exact, grown, killer
 
@@ -57,7 +58,7 @@ def test_nexmark_q5_emits_every_auction_at_its_windows_maximum(run_in_process, r
     report = run_in_process("examples/nexmark-q5.yaml", 8)
     assert_exact(report)
     plan = RedisJobStore(r, "nexmark-q5").plan()
-    bids = source_input(r, plan, "events").filter(pc.equal(pc.field("event_type"), 2)).to_pandas()
+    bids = source_input(Ports.over_redis(r, plan.id), plan, "events").filter(pc.equal(pc.field("event_type"), 2)).to_pandas()
     per_window = Counter()
     for auction, t in zip(bids["bid_auction"], bids["event_time"]):
         last_start = t - t % 2000

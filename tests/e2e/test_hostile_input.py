@@ -14,6 +14,7 @@ import pyarrow as pa
 from rich.console import Console
 from streamjobs.run import run_job
 from streamjobs_core.deadletters import Kind, read_all
+from streamjobs_core.exchange import RedisStreams
 from streamjobs_core.layout import JobKeys
 from streamjobs_core.loading import parse_job
 
@@ -148,7 +149,7 @@ def test_a_job_fed_every_kind_of_hostile_entry_runs_exactly_with_each_bad_one_de
                      log_dir=str(tmp_path / "logs"), during=during, fresh=True)
     assert late_sent, "the window stage never fired"
     assert report["restarts"] == 0 and report["drained"]
-    letters = read_all(r, keys.dead_letter)
+    letters = read_all(RedisStreams(r), keys.dead_letter)
     kinds = {kind: sum(1 for letter in letters if letter.kind == kind) for kind in Kind}
     expected[Kind.LATE] = 1
     assert kinds == expected, [(l.kind.value, l.error[:100]) for l in letters if l.kind != Kind.REJECTED]

@@ -1,18 +1,21 @@
 """A whole job in one process (launchers.ThreadLauncher): three operators of two instances each go through a kill,
 a live rescale and a live reconfiguration, and the output is exact against the oracle. The harness is what
-the tests of a job's semantics run on; this test shows it carries all of them at once."""
+the tests of a job's semantics run on; this test shows it carries all of them at once, over the redis-server
+and over memory (the job's store and exchange in this process: no Redis at all)."""
 
 from __future__ import annotations
 
 import signal
 import time
 
+import pytest
 from streamjobs_core.loading import load_job
 
 from .conftest import ROOT, assert_exact
 
 
-def test_a_job_in_threads_goes_through_a_kill_a_rescale_and_a_reconfiguration_exactly(run_in_process):
+@pytest.mark.parametrize("underneath", ["redis", "memory"])
+def test_a_job_in_threads_goes_through_a_kill_a_rescale_and_a_reconfiguration_exactly(underneath, run_in_process):
     done: dict[str, object] = {}
 
     def during(runtime, elapsed: float) -> None:
@@ -28,7 +31,7 @@ def test_a_job_in_threads_goes_through_a_kill_a_rescale_and_a_reconfiguration_ex
             runtime.request_stop()
 
     started = time.monotonic()
-    report = run_in_process("tests/jobs/reconfigured.yaml", None, during=during)
+    report = run_in_process("tests/jobs/reconfigured.yaml", None, memory=underneath == "memory", during=during)
     assert time.monotonic() - started < 60
     assert done["killed"] == -signal.SIGKILL and report["restarts"] == 1
     assert (done["rescaled"].from_parallelism, done["rescaled"].to_parallelism) == (2, 3)

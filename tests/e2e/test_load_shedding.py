@@ -9,6 +9,7 @@ from rich.console import Console
 from streamjobs.launchers import ThreadLauncher
 from streamjobs.run import run_job
 from streamjobs_core import shedding
+from streamjobs_core.exchange import RedisStreams
 from streamjobs_core.jobstore import RedisJobStore
 from streamjobs_core.layout import JobKeys
 from streamjobs_core.loading import parse_job
@@ -82,7 +83,7 @@ def test_an_external_stream_sheds_its_lowest_priorities_logs_their_ids_and_the_r
     committed = RedisJobStore(r, "shed-external").partitions("orders", (0, 1))
     consumed = {(p, entry_id): fields for p in (0, 1)
                 for entry_id, fields in r.xrange(keys.input_stream("orders", p), "-", committed[p][0].cursor)}
-    shed = shedding.shed_ids(r, keys.shed, "orders")
+    shed = shedding.shed_ids(RedisStreams(r), keys.shed, "orders")
     out = [int(fields[b"n"]) for _, fields in r.xrange(keys.output_stream("out"))]
     # Nothing vanished and nothing arrived twice: what the source consumed was either shed (and logged by
     # ID) or reached the sink once.

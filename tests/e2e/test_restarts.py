@@ -9,6 +9,7 @@ import time
 from rich.console import Console
 from streamjobs.run import run_job
 from streamjobs_core.deadletters import Kind, read_all
+from streamjobs_core.exchange import RedisStreams
 from streamjobs_core.layout import JobKeys
 from streamjobs_core.loading import parse_job
 
@@ -32,7 +33,7 @@ def test_an_entry_that_kills_its_worker_is_quarantined_and_the_rest_arrives_exac
     report = run_job(job, 300, redis_url=redis_server.url, console=Console(force_terminal=False),
                      log_dir=str(tmp_path / "logs"), during=_until_out(r, keys, 119))
     assert report["drained"] and report["restarts"] >= 3  # quarantineAfter deaths, then two of the entry alone
-    [letter] = read_all(r, keys.dead_letter)
+    [letter] = read_all(RedisStreams(r), keys.dead_letter)
     assert (letter.kind, letter.entry_id, letter.stream) == (Kind.QUARANTINED, ids[40], keys.input_stream("in", 0))
     assert "a worker died processing this entry alone" in letter.error and '"poison"' in letter.record
     out = sorted(int(f[b"n"]) for _, f in r.xrange(keys.output_stream("out")))

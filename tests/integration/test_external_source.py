@@ -117,7 +117,7 @@ def test_input_written_before_the_start_arrives_once_typed_and_bad_values_are_de
     assert min(latencies) >= 300, "latency counts from the XADD, at least 300 ms before a worker read it"
     assert r.xlen(keys.input_stream("in", 0)) == 200  # kept for the retention's 10 minutes
 
-    result = verify(spark, r, plan)
+    result = verify(spark, Ports.over_redis(r, plan.id), plan)
     assert result["correct"] is True and result["sinks"]["out"]["expected"] == len(good), result
 
 
@@ -131,7 +131,7 @@ def test_a_trimming_source_keeps_no_consumed_input_and_its_run_cannot_be_verifie
     assert output(r, plan) == [n for n in range(2_000) if n % BAD_EVERY]
     # XTRIM MINID ~ drops whole nodes of the stream: at most one node's entries (100) stay.
     assert r.xlen(plan.keys.input_stream("in", 0)) <= 100
-    result = verify(spark, r, plan)
+    result = verify(spark, Ports.over_redis(r, plan.id), plan)
     assert result["correct"] is None and "cannot verify" in result["reason"], result
 
 
@@ -213,7 +213,7 @@ def test_the_oracle_verifies_a_run_of_json_and_arrow_input(r, spark, fmt):
     run_until_drained(r, plan, workers, 200)
     assert output(r, plan) == [n for n in range(200) if n != 7]
     assert r.xlen(plan.keys.dead_letter) == 1
-    result = verify(spark, r, plan)
+    result = verify(spark, Ports.over_redis(r, plan.id), plan)
     assert result["correct"] is True and result["sinks"]["out"]["expected"] == 199, result
 
 

@@ -1,6 +1,7 @@
 """A whole job runs in one process over memory as over Redis: its workers are handed a job store and an exchange
 (the memory ones: no Redis anywhere), are stepped by hand, one is replaced mid-run as a SIGKILL would have it,
-and the counts come out exact, checked against the records the source generates, counted here with pandas."""
+and the counts come out exact: against the records the source generates, counted here with pandas, and by the
+oracle, which reads the run through the same ports."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from streamjobs.oracle import verify
 from streamjobs_core import generators
 from streamjobs_core.exchange import Exchange, Fenced, MemoryExchange
 from streamjobs_core.jobstore import JobStore, MemoryJobStore
@@ -130,3 +132,5 @@ def test_a_job_counts_exactly_through_a_replaced_worker_over_memory_as_over_redi
         step_all(workers, 1)
         assert time.monotonic() < deadline, "the job did not drain"
     assert written(exchange, plan) == expected(plan)
+    verdict = verify(spark, ports, plan)  # the oracle reads the run through the same ports
+    assert (verdict["lost"], verdict["duplicated"], verdict["correct"]) == (0, 0, True), verdict

@@ -77,13 +77,13 @@ def test_a_per_batch_stateful_stage_is_verified_by_its_final_state_not_called_wr
     run_in_batches(r, plan, batches=5, per_batch=40)
     assert r.xlen(plan.keys.output_stream("out")) > ACCOUNTS  # a row per account and batch: not one run's rows
 
-    verdict = verify(spark, r, plan)
+    verdict = verify(spark, Ports.over_redis(r, plan.id), plan)
     assert verdict["correct"] is True, verdict
     assert verdict["states"]["books"]["expected"] == ACCOUNTS and verdict["states"]["books"]["lost"] == 0
     assert verdict["sinks"]["out"]["checked"] is False and "outputs: per_batch" in verdict["sinks"]["out"]["reason"]
 
     wrong = JobPlan(job("miscounting_ledger"), plan.t0_ms)  # the oracle replays another function: states differ
-    assert verify(spark, r, wrong)["correct"] is False
+    assert verify(spark, Ports.over_redis(r, wrong.id), wrong)["correct"] is False
 
 
 def test_a_stateful_stage_declared_per_record_has_its_output_compared(r, spark):
@@ -92,7 +92,7 @@ def test_a_stateful_stage_declared_per_record_has_its_output_compared(r, spark):
     plan = JobPlan(parse_job(spec), int(time.time() * 1000))
     RedisJobStore(r, plan.name).deploy(plan)
     run_in_batches(r, plan, batches=3, per_batch=30)
-    verdict = verify(spark, r, plan)
+    verdict = verify(spark, Ports.over_redis(r, plan.id), plan)
     assert verdict["correct"] is False  # it said per_record, its rows depend on batches: the comparison sees it
     assert verdict["sinks"]["out"]["unexpected"] > 0 and "states" not in verdict
 

@@ -8,6 +8,7 @@ import time
 
 from streamjobs import oracle
 from streamjobs_core.jobstore import RedisJobStore
+from streamjobs_worker.ports import Ports
 
 from .conftest import events, eventually
 from .jobs import NAMESPACE, _streamjob, get, job_id
@@ -79,5 +80,6 @@ def test_the_autoscaler_daemon_rescales_live_onto_a_warm_spare_and_a_scale_in_ma
 
     jobs.request_stop()
     eventually(lambda: redis_client.scard(jobs.keys.done("copies")) >= 1, 90, "the sink drained")
-    verdict = oracle.verify(spark, redis_client, jobs.plan())
+    plan = jobs.plan()
+    verdict = oracle.verify(spark, Ports.over_redis(redis_client, plan.id), plan)
     assert (verdict["correct"], verdict["lost"], verdict["duplicated"]) == (True, 0, 0), verdict

@@ -10,6 +10,7 @@ import sys
 
 from streamjobs import oracle
 from streamjobs_core.jobstore import RedisJobStore
+from streamjobs_worker.ports import Ports
 
 from .conftest import events, eventually
 from .jobs import job_id, window_counts
@@ -54,5 +55,6 @@ def test_a_control_event_and_a_rebalance_asked_from_the_cli_are_carried_out_in_p
 
     jobs.request_stop()
     eventually(lambda: redis_client.scard(jobs.keys.done("totals")) >= 1, 90, "the sink drained")
-    verdict = oracle.verify(spark, redis_client, jobs.plan())
+    plan = jobs.plan()
+    verdict = oracle.verify(spark, Ports.over_redis(redis_client, plan.id), plan)
     assert (verdict["correct"], verdict["lost"], verdict["duplicated"]) == (True, 0, 0), verdict

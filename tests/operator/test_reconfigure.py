@@ -9,6 +9,7 @@ from collections import Counter
 import yaml
 from streamjobs import oracle
 from streamjobs_core.jobstore import RedisJobStore
+from streamjobs_worker.ports import Ports
 
 from .conftest import NAMESPACE, events, eventually, run_kubectl
 from .jobs import get, job_id, tagged_words
@@ -56,7 +57,8 @@ def test_a_query_edited_by_kubectl_apply_changes_live_with_events_and_exact_outp
     assert set(jobs.versions("more").values()) == {3} and redis_client.xlen(extra) > 300
     jobs.request_stop()
     eventually(lambda: redis_client.scard(jobs.keys.done("copies")) >= 1, 90, "the sink drained")
-    verdict = oracle.verify(spark, redis_client, jobs.plan())
+    plan = jobs.plan()
+    verdict = oracle.verify(spark, Ports.over_redis(redis_client, plan.id), plan)
     assert (verdict["correct"], verdict["lost"], verdict["duplicated"]) == (True, 0, 0), verdict
     tags = Counter(fields[b"tag"] for _, fields in redis_client.xrange(out))
     assert tags[b"v0"] > 300 and tags[b"v1"] > 300, tags

@@ -14,6 +14,7 @@ from streamjobs_core.jobstore import RedisJobStore
 from streamjobs_core.layout import JobKeys
 from streamjobs_operator.autoscaling import SpecScaler, StatusDecisionLog
 from streamjobs_operator.resources import LABEL_JOB, Owner
+from streamjobs_worker.ports import Ports
 
 from .conftest import NAMESPACE, assert_exact_after_stop, events, eventually
 from .jobs import get, job_id, window_counts, wordcopy
@@ -105,7 +106,8 @@ def test_a_window_stage_in_pods_rescales_by_a_spec_edit_with_prestaged_state_and
 
     jobs.request_stop()  # the sources send the end-of-stream watermark: every window fires, then the sinks finish
     eventually(lambda: redis_client.scard(jobs.keys.done("totals")) >= 1, 90, "the sink drained")
-    verdict = oracle.verify(spark, redis_client, jobs.plan())
+    plan = jobs.plan()
+    verdict = oracle.verify(spark, Ports.over_redis(redis_client, plan.id), plan)
     assert (verdict["correct"], verdict["lost"], verdict["duplicated"]) == (True, 0, 0), verdict
     assert verdict["sinks"]["totals"]["expected"] > 100  # windows of several seconds of input
 

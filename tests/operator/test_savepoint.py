@@ -10,6 +10,7 @@ import sys
 
 from streamjobs import oracle
 from streamjobs_core.jobstore import RedisJobStore
+from streamjobs_worker.ports import Ports
 
 from .conftest import NAMESPACE, await_deleted, events, eventually
 from .jobs import apply, get, job_id, phase, window_counts
@@ -58,7 +59,8 @@ def test_a_job_restored_from_a_savepoint_goes_on_rescaled_and_exact(
     jobs.request_stop()
     # Every instance of the sink's chain (counts, 2 now) says it drained: one alone leaves the other's last windows.
     eventually(lambda: redis_client.scard(jobs.keys.done("totals")) >= 2, 90, "the sink drained")
-    verdict = oracle.verify(spark, redis_client, jobs.plan())
+    plan = jobs.plan()
+    verdict = oracle.verify(spark, Ports.over_redis(redis_client, plan.id), plan)
     assert (verdict["correct"], verdict["lost"], verdict["duplicated"]) == (True, 0, 0), verdict
 
 

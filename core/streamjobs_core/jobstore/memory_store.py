@@ -107,9 +107,12 @@ class MemoryJobStore:
         return self._owner
 
     def clear(self, keep_input: bool = True) -> int:
-        """Everything goes: this store holds no input streams."""
+        """Every record goes (this store holds no input streams); its lock and exchange stay, which the memory
+        exchange fences and is read by."""
         records = len(self._assignments) + len(self._history)
+        lock, exchange = self.lock, self._exchange
         self.__init__()
+        self.lock, self._exchange = lock, exchange
         return records
 
     def assignment(self, op: str) -> Assignment | None:
@@ -192,6 +195,15 @@ class MemoryJobStore:
         if self._exchange is None:
             return 0
         return int(self._exchange.hash_fields(key, [str(kg)])[0] or 0)
+
+    def state_logs(self, op: str, key_groups: int) -> list[tuple[bytes | None, list[tuple[bytes, dict]]]]:
+        """Per key group of `op`: its snapshot (None without one) and every entry of its changelog."""
+        if self._exchange is None:
+            return [(None, [])] * key_groups
+        keys = self._plan.keys
+        changelogs = self._exchange.after({keys.changelog(op, kg): None for kg in range(key_groups)})
+        return [(self._exchange.value(keys.snapshot(op, kg)), changelogs[keys.changelog(op, kg)])
+                for kg in range(key_groups)]
 
     def committed_watermark(self, upstreams: Iterable[str], op: str, kgs: Iterable[int]) -> int | None:
         names = [self._plan.keys.kg_stream(u, op, kg) for kg in kgs for u in upstreams]

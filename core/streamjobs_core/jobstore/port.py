@@ -197,6 +197,10 @@ class JobStore(Protocol):
         """Chain head `op` of `plan`, which a later version removed, reads nothing more: its input streams and
         its progress in them go."""
 
+    # --- state, as its readers outside the workers see it (the oracle, a savepoint's re-split) ---------------
+    def state_logs(self, op: str, key_groups: int) -> list[tuple[bytes | None, list[tuple[bytes, dict]]]]:
+        """Per key group of `op`: its snapshot (None without one) and every entry of its changelog."""
+
 
 class ChangeInProgress(RuntimeError):
     """A rescale or a reconfiguration is in progress: the message says which."""
