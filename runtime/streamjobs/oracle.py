@@ -28,7 +28,6 @@ from pyspark.sql.types import StructType
 from streamjobs_core import ddl, deadletters, generators, resplit, shedding
 from streamjobs_core.deadletters import Kind
 from streamjobs_core.exchange import entry_order
-from streamjobs_core.jobstore import JobStore
 from streamjobs_core.keygroups import key_groups_of_columns
 from streamjobs_core.plan import JobPlan
 from streamjobs_core.spec import STATEFUL_TYPES
@@ -167,7 +166,8 @@ def external_input(ports: Ports, plan: JobPlan, op: str, cuts: list[dict] | None
     committed = ports.jobs.partitions(op, range(spec.partitions))
     decoder = external.Decoder(spec)
     if ports.redis is None:
-        raise Unverifiable(f"{op}: a redis_stream source's input is read back from the job's Redis, and this run had none")
+        raise Unverifiable(f"{op}: a redis_stream source's input is read back from the job's Redis, and this run "
+                           "had none")
     reader = external.StreamReader(ports.redis, spec.limits.max_entry_bytes, _READ_BYTES)
     shed = shedding.shed_ids(ports.exchange, keys.shed, op) if spec.load_shedding is not None else set()
     total_shed = int(ports.exchange.hash_fields(keys.shed_totals, [op])[0] or 0)
@@ -386,8 +386,7 @@ def _reconfigured_outputs(spark: SparkSession, ports: Ports, plans: list[JobPlan
     `where` (applied per record), and what it emits has no single version: an operator downstream of one
     that changed what it computes cannot be verified per record, and is reported so.
     """
-    store = ports.jobs
-    cuts = {p.version: store.cut(p.version) for p in plans[1:]}
+    cuts = {p.version: ports.jobs.cut(p.version) for p in plans[1:]}
     frames: dict[str, DataFrame] = {}
     versioned: dict[str, bool] = {}  # whether each row of the frame says its version
     for name in _in_order(plans):
@@ -402,7 +401,7 @@ def _reconfigured_outputs(spark: SparkSession, ports: Ports, plans: list[JobPlan
         taken = decisions.inputs_of(spark, frames, name)
         resets = [p.version for p in plans if name in p.resets]
         if resets:
-            frames[name] = _with_resets(spark, ports, store, plans, name, taken, versioned, resets)
+            frames[name] = _with_resets(spark, ports, plans, name, taken, versioned, resets)
             versioned[name] = False
             continue
         since = _aggregations_added(specs)
@@ -434,7 +433,7 @@ def _reconfigured_outputs(spark: SparkSession, ports: Ports, plans: list[JobPlan
     return frames
 
 
-def _with_resets(spark: SparkSession, ports: Ports, store: JobStore, plans: list[JobPlan], name: str,
+def _with_resets(spark: SparkSession, ports: Ports, plans: list[JobPlan], name: str,
                  frames: dict[str, DataFrame], versioned: dict[str, bool], resets: list[int]) -> DataFrame:
     """A window stage whose state live changes reset (--reset-state): each stretch of versions between resets
     is a state of its own, over the records of those versions. A stretch a reset ended emits the windows that
@@ -456,7 +455,7 @@ def _with_resets(spark: SparkSession, ports: Ports, store: JobStore, plans: list
                   for frame, _ in _wired(frames, versioned, specs, range(start, end))]
         out = _evaluate(spark, ports, spec, inputs)
         if end < len(plans):
-            out = _fired_before(spark, out, spec, store.resets(end, name), plans[end].spec.max_parallelism)
+            out = _fired_before(spark, out, spec, ports.jobs.resets(end, name), plans[end].spec.max_parallelism)
         parts.append(out)
     return reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), parts)
 
@@ -604,7 +603,8 @@ def actual_output(spark: SparkSession, ports: Ports, plan: JobPlan, sink: str) -
     spec = plan.spec.operator(sink)
     if spec.type == "redis_stream":
         key = plan.keys.output_stream(sink)
-        return [{k.decode(): v.decode() for k, v in fields.items()} for _, fields in ports.exchange.after({key: None})[key]]
+        return [{k.decode(): v.decode() for k, v in fields.items()}
+                for _, fields in ports.exchange.after({key: None})[key]]
     if spec.type == "parquet":
         dirs = [d.decode() for d in ports.exchange.items(plan.keys.manifest(sink))]
         return [row.asDict() for row in spark.read.parquet(*dirs).collect()] if dirs else []

@@ -183,18 +183,24 @@ class MemoryJobStore:
 
     def key_group_lag(self, upstreams: Iterable[str], op: str, kgs: Iterable[int]) -> dict[tuple[str, int], int]:
         kgs, keys = list(kgs), self._plan.keys
-        return {(u, kg): self._count(keys.produced(u, op), kg) - self._count(keys.consumed(u, op), kg)
-                for u in upstreams for kg in kgs}
+        return {(u, kg): p - c for u in upstreams
+                for kg, p, c in zip(kgs, self._counts(keys.produced(u, op), kgs),
+                                    self._counts(keys.consumed(u, op), kgs))}
 
     def consumed(self, upstreams: Iterable[str], op: str, kgs: Iterable[int]) -> dict[int, int]:
-        upstreams = list(upstreams)
-        return {kg: sum(self._count(self._plan.keys.consumed(u, op), kg) for u in upstreams) for kg in kgs}
+        kgs = list(kgs)
+        out = dict.fromkeys(kgs, 0)
+        for u in upstreams:
+            for kg, n in zip(kgs, self._counts(self._plan.keys.consumed(u, op), kgs)):
+                out[kg] += n
+        return out
 
-    def _count(self, key: str, kg: int) -> int:
-        """A key group's count in a hash of the exchange's counts (records produced into or consumed from)."""
+    def _counts(self, key: str, kgs: list[int]) -> list[int]:
+        """Each key group's count in a hash of the exchange's counts (records produced into or consumed from),
+        read at once."""
         if self._exchange is None:
-            return 0
-        return int(self._exchange.hash_fields(key, [str(kg)])[0] or 0)
+            return [0] * len(kgs)
+        return [int(n or 0) for n in self._exchange.hash_fields(key, [str(kg) for kg in kgs])]
 
     def state_logs(self, op: str, key_groups: int) -> list[tuple[bytes | None, list[tuple[bytes, dict]]]]:
         """Per key group of `op`: its snapshot (None without one) and every entry of its changelog."""
